@@ -1,0 +1,232 @@
+"""Experiment configuration: frozen, typed sections; unknown keys are an error.
+
+A YAML file has four sections, ``data``, ``model``, ``train`` and ``eval``; every key has a
+default. ``--set section.key=value`` overrides any key. The model section is resolved later,
+once the data tells us ``num_items`` (see ``seqrec.models.base.build_model_config``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+import yaml
+
+C = TypeVar("C")
+
+SplitName = Literal["leave_one_out", "global_temporal"]
+FileFormat = Literal["auto", "csv", "tsv", "parquet", "movielens", "pairs", "sequences"]
+Protocol = Literal["full", "sampled"]
+NegativeSampling = Literal["uniform", "popularity"]
+SplitChoice = Literal["valid", "test"]
+
+
+class ConfigError(ValueError):
+    """A config file or override that names an unknown key or an invalid value."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    dataset: str = "ml-1m"  # a registry name (`seqrec data list`) or "file" with `path`
+    path: str | None = None  # a local interaction file, for dataset: file
+    format: FileFormat = "auto"  # file format; auto = from the extension
+    user_column: str = "user_id"  # column mapping for csv/tsv/parquet files
+    item_column: str = "item_id"
+    timestamp_column: str | None = None  # None = keep the file order
+    rating_column: str | None = None
+    min_rating: float | None = None  # implicit feedback: keep ratings >= this (None keeps all)
+    min_user_interactions: int = 5  # iterative k-core, users
+    min_item_interactions: int = 5  # iterative k-core, items
+    dedupe_consecutive: bool = False  # drop an item repeated right after itself
+    max_history: int | None = None  # keep only each user's last N interactions
+    split: SplitName = "leave_one_out"
+    temporal_quantile: float = 0.9  # global temporal split: fraction of interactions before the cut
+    synthetic_users: int = 2000  # dataset: synthetic
+    synthetic_items: int = 1000
+    synthetic_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dataset == "file" and self.path is None:
+            raise ConfigError("data.dataset: file needs data.path")
+        if self.min_user_interactions < 1 or self.min_item_interactions < 1:
+            raise ConfigError("data.min_user_interactions and min_item_interactions must be >= 1")
+        if not 0.0 < self.temporal_quantile < 1.0:
+            raise ConfigError(f"data.temporal_quantile must be in (0, 1), got {self.temporal_quantile}")
+        if self.max_history is not None and self.max_history < 3:
+            raise ConfigError(f"data.max_history must be >= 3 or null, got {self.max_history}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)  # the SASRec reference code's Adam betas
+    batch_size: int = 128
+    max_epochs: int = 200
+    patience: int = 20  # epochs without improvement of `monitor` before stopping
+    monitor: str = "NDCG@10"  # a validation metric, spelled as in the results table
+    eval_every: int = 1  # validate every N epochs
+    grad_clip: float | None = None
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 autocast (CPUs with AVX-512 BF16, GPUs)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_threads: int | None = None  # torch intra-op threads; None = all cores
+    seed: int = 0
+    tensorboard: bool = False
+    progress: bool = True  # a progress bar on stderr
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 0 or self.patience < 1:
+            raise ConfigError("train.lr, batch_size, patience must be positive, max_epochs >= 0")
+        if self.eval_every < 1:
+            raise ConfigError(f"train.eval_every must be >= 1, got {self.eval_every}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    protocol: Protocol = "full"  # full-catalogue ranking, or the SASRec paper's sampled protocol
+    num_negatives: int = 100  # sampled protocol: negatives per user
+    negative_sampling: NegativeSampling = "uniform"  # sampled protocol: how negatives are drawn
+    filter_seen: bool = True  # remove the user's history from the ranking (full protocol)
+    ks: tuple[int, ...] = (5, 10, 20)
+    batch_size: int = 1024  # users per evaluation chunk (bounds memory)
+    seed: int = 0  # sampled negatives are drawn from this seed
+
+    def __post_init__(self) -> None:
+        if not self.ks or min(self.ks) < 1:
+            raise ConfigError(f"eval.ks must be positive integers, got {self.ks}")
+        if self.num_negatives < 1 or self.batch_size < 1:
+            raise ConfigError("eval.num_negatives and eval.batch_size must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: dict[str, Any] = field(default_factory=lambda: {"name": "sasrec"})
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "data": dataclasses.asdict(self.data),
+            "model": dict(self.model),
+            "train": dataclasses.asdict(self.train),
+            "eval": dataclasses.asdict(self.eval),
+        }
+
+
+def _coerce(name: str, hint: Any, value: Any) -> Any:
+    """Check ``value`` against a field's type; YAML lists become tuples."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{name}: {value!r} is not one of {allowed}")
+        return value
+    if hint is Any:
+        return value
+    if origin is not None and type(None) in args:  # X | None
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(name, inner[0], value)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        item = args[0]
+        return tuple(_coerce(name, item, v) for v in value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not isinstance(value, hint):
+        raise ConfigError(f"{name}: expected {hint.__name__}, got {value!r}")
+    if hint in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{name}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], section: str = "") -> C:
+    """Build a config dataclass; unknown keys and ill-typed values are errors, never dropped."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{section or cls.__name__}: expected a mapping, got {data!r}")
+    prefix = f"{section}." if section else ""
+    hints = get_type_hints(cls)
+    valid = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - valid)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(prefix + k for k in unknown)}; "
+            f"valid {section or cls.__name__} keys: {', '.join(sorted(valid))}"
+        )
+    values = {key: _coerce(prefix + key, hints[key], value) for key, value in data.items()}
+    try:
+        return cls(**values)
+    except TypeError as err:
+        raise ConfigError(f"{section or cls.__name__}: {err}") from None
+
+
+SECTIONS = ("data", "model", "train", "eval")
+
+
+def set_dotted(raw: dict[str, Any], override: str) -> None:
+    """Apply ``"section.key=value"`` to a raw config dict; values parse as YAML scalars."""
+    path, sep, text = override.partition("=")
+    if not sep or "." not in path:
+        raise ConfigError(f"override {override!r} is not of the form section.key=value")
+    section, key = path.split(".", 1)
+    if section not in SECTIONS:
+        raise ConfigError(f"override {override!r}: unknown section {section!r}; valid: {SECTIONS}")
+    try:
+        value = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        value = text
+    if isinstance(value, str):
+        try:  # tuples and other Python literals, e.g. ks=(5,10)
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass  # a bare string such as precision=bf16
+    node = raw.setdefault(section, {})
+    if not isinstance(node, dict):
+        raise ConfigError(f"section {section!r} must be a mapping")
+    node[key] = value
+
+
+def load_raw(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Read a YAML config (or start empty) and apply ``--set`` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must be a mapping of sections {SECTIONS}")
+        raw = loaded
+    for override in overrides:
+        set_dotted(raw, override)
+    return raw
+
+
+def experiment_from_raw(raw: Mapping[str, Any]) -> ExperimentConfig:
+    """Validate every section; the model section is checked by its model's config later."""
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")
+    model = dict(raw.get("model") or {})
+    model.setdefault("name", "sasrec")
+    return ExperimentConfig(
+        data=from_dict(DataConfig, raw.get("data") or {}, "data"),
+        model=model,
+        train=from_dict(TrainConfig, raw.get("train") or {}, "train"),
+        eval=from_dict(EvalConfig, raw.get("eval") or {}, "eval"),
+    )
