@@ -8,6 +8,7 @@ once the data tells us ``num_items`` (see ``seqrec.models.base.build_model_confi
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,7 +56,9 @@ class DataConfig:
         if self.min_user_interactions < 1 or self.min_item_interactions < 1:
             raise ConfigError("data.min_user_interactions and min_item_interactions must be >= 1")
         if not 0.0 < self.temporal_quantile < 1.0:
-            raise ConfigError(f"data.temporal_quantile must be in (0, 1), got {self.temporal_quantile}")
+            raise ConfigError(
+                f"data.temporal_quantile must be in (0, 1), got {self.temporal_quantile}"
+            )
         if self.max_history is not None and self.max_history < 3:
             raise ConfigError(f"data.max_history must be >= 3 or null, got {self.max_history}")
 
@@ -186,17 +189,19 @@ def set_dotted(raw: dict[str, Any], override: str) -> None:
     except yaml.YAMLError:
         value = text
     if isinstance(value, str):
-        try:  # tuples and other Python literals, e.g. ks=(5,10)
+        # Tuples and other Python literals (ks=(5,10)); a bare string such as
+        # precision=bf16 stays a string.
+        with contextlib.suppress(ValueError, SyntaxError):
             value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass  # a bare string such as precision=bf16
     node = raw.setdefault(section, {})
     if not isinstance(node, dict):
         raise ConfigError(f"section {section!r} must be a mapping")
     node[key] = value
 
 
-def load_raw(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def load_raw(
+    path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Read a YAML config (or start empty) and apply ``--set`` overrides."""
     raw: dict[str, Any] = {}
     if path is not None:

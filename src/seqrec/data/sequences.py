@@ -28,7 +28,8 @@ class Sequences:
     items: ItemArray
 
     def __post_init__(self) -> None:
-        assert self.offsets.ndim == 1 and self.offsets[0] == 0
+        assert self.offsets.ndim == 1
+        assert self.offsets[0] == 0
         assert self.offsets[-1] == len(self.items)
 
     def __len__(self) -> int:

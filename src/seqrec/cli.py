@@ -1,0 +1,324 @@
+"""The ``seqrec`` command line. Each command parses arguments and calls the library.
+
+Results go to stdout, logs and progress to stderr. Every error is one line on stderr and a
+non-zero exit code (2: bad input or config, 1: unexpected; SEQREC_DEBUG=1 shows tracebacks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from seqrec.config import ConfigError, experiment_from_raw, load_raw
+from seqrec.data.schema import DataError
+from seqrec.training.checkpoint import RunDirError
+
+EXIT_BAD_INPUT = 2
+EXIT_PARTIAL = 3  # batch recommend: some lines could not be answered
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _metric_table(metrics: dict[str, float], ci95: dict[str, float], ks: Sequence[int]) -> str:
+    names = ("HR", "NDCG", "MRR", "Recall")
+    header = f"{'K':>4}  " + "  ".join(f"{n:>17}" for n in names)
+    lines = [header]
+    for k in ks:
+        cells = [f"{metrics[f'{n}@{k}']:.4f} ± {ci95[f'{n}@{k}']:.4f}" for n in names]
+        lines.append(f"{k:>4}  " + "  ".join(f"{c:>17}" for c in cells))
+    return "\n".join(lines)
+
+
+def print_result(result: Any, title: str) -> None:
+    """A readable results table with the protocol, for stdout."""
+    ks = sorted({int(name.split("@")[1]) for name in result.metrics})
+    print(f"{title} — {result.split} split, {result.num_users:,} users")
+    print(f"protocol: {result.protocol}")
+    print("metric ± 95% CI half-width")
+    print(_metric_table(result.metrics, result.ci95, ks))
+
+
+# ---------------------------------------------------------------- data
+def cmd_data_list(args: argparse.Namespace) -> int:
+    from seqrec.data.info import dataset_table
+
+    rows = dataset_table()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':<20} {'timestamps':<28} description")
+    for row in rows:
+        print(f"{row['name']:<20} {row['timestamps']:<28} {row['description']}")
+    return 0
+
+
+def _data_config(args: argparse.Namespace) -> Any:
+    raw = load_raw(args.config, args.set or [])
+    if getattr(args, "name", None):
+        raw.setdefault("data", {})["dataset"] = args.name
+    return experiment_from_raw(raw).data
+
+
+def cmd_data_info(args: argparse.Namespace) -> int:
+    from seqrec.data.info import describe, format_info
+    from seqrec.data.prepare import prepare
+
+    info = describe(prepare(_data_config(args), args.data_dir))
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from seqrec.data.info import describe, format_info
+    from seqrec.data.prepare import prepare
+
+    data = prepare(_data_config(args), args.data_dir, use_cache=not args.no_cache)
+    print(format_info(describe(data)))
+    return 0
+
+
+# ---------------------------------------------------------------- train / evaluate
+def cmd_train(args: argparse.Namespace) -> int:
+    from seqrec.training.run import config_for_resume, train_experiment
+
+    out = Path(args.out)
+    if args.config is None and not args.set and args.resume:
+        config = config_for_resume(out)
+    elif args.config is None:
+        raise ConfigError("train needs --config FILE (or --resume of an existing --out)")
+    else:
+        config = experiment_from_raw(load_raw(args.config, args.set or []))
+    outcome = train_experiment(config, out, data_dir=args.data_dir, resume=args.resume)
+    fit = outcome.fit
+    print(f"dataset: {outcome.data.name} ({outcome.data.source})")
+    print(
+        f"trained {outcome.model.config.name}: {fit.epochs} epochs, best epoch {fit.best_epoch} "
+        f"(valid {config.train.monitor} = {fit.best_metric:.4f}), run directory {out}"
+    )
+    print_result(outcome.test, outcome.model.config.name)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from seqrec.evaluation import export_ranks
+    from seqrec.training.run import evaluate_run
+
+    overrides: dict[str, Any] = {}
+    if args.protocol is not None:
+        overrides["protocol"] = args.protocol
+    if args.filter_seen is not None:
+        overrides["filter_seen"] = args.filter_seen
+    if args.export_ranks and Path(args.export_ranks).suffix.lower() not in (".csv", ".parquet"):
+        raise ConfigError(f"--export-ranks: use a .csv or .parquet file, got {args.export_ranks}")
+    result, run = evaluate_run(
+        args.run_dir, split=args.split, overrides=overrides, data_dir=args.data_dir
+    )
+    if args.export_ranks:
+        export_ranks(result, run.id_map, args.export_ranks)
+    if args.json:
+        print(json.dumps(result.flat()))
+    else:
+        print_result(result, f"{run.model.config.name} ({args.run_dir})")
+    return 0
+
+
+# ---------------------------------------------------------------- recommend
+def _read_histories(path: Path) -> list[list[str]]:
+    if not path.is_file():
+        raise DataError(f"--input {path} does not exist")
+    lines = path.read_text().splitlines()
+    return [line.replace(",", " ").split() for line in lines]
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from seqrec.io import atomic_write_text
+    from seqrec.serving.predictor import Predictor
+
+    if (args.history is None) == (args.input is None):
+        raise ConfigError("recommend: give either --history ITEM ... or --input FILE --output FILE")
+    if args.input is not None and args.output is None:
+        raise ConfigError("recommend: --input needs --output FILE")
+    predictor = Predictor.from_run_dir(args.run_dir)
+    exclude_seen = not args.keep_seen
+    if args.history is not None:
+        (rec,) = predictor.recommend([args.history], args.k, exclude_seen)
+        if rec.unknown:
+            print(f"warning: unknown item ids ignored: {' '.join(rec.unknown)}", file=sys.stderr)
+        if rec.error is not None:
+            raise DataError(f"cannot recommend: {rec.error}")
+        scores = rec.scores or [float("nan")] * len(rec.items)
+        if args.json:
+            print(json.dumps({"items": rec.items, "scores": rec.scores, "unknown": rec.unknown}))
+        else:
+            print(f"{'rank':>4}  {'item':<12} score")
+            for rank, (item, score) in enumerate(zip(rec.items, scores, strict=True), 1):
+                print(f"{rank:>4}  {item:<12} {score:.4f}")
+        return 0
+    histories = _read_histories(Path(args.input))
+    recs = predictor.recommend(histories, args.k, exclude_seen)
+    rows = [
+        {
+            "line": i + 1,
+            "items": r.items,
+            "scores": r.scores,
+            "unknown": r.unknown,
+            "error": r.error,
+        }
+        for i, r in enumerate(recs)
+    ]
+    atomic_write_text(Path(args.output), "".join(json.dumps(row) + "\n" for row in rows))
+    failed = [row["line"] for row in rows if row["error"] is not None]
+    with_unknown = sum(1 for row in rows if row["unknown"])
+    print(f"wrote {len(rows)} recommendations to {args.output}", file=sys.stderr)
+    if with_unknown:
+        print(f"warning: {with_unknown} histories had unknown item ids", file=sys.stderr)
+    if failed:
+        shown = ", ".join(map(str, failed[:10])) + (" ..." if len(failed) > 10 else "")
+        print(f"error: {len(failed)} lines had no usable history (lines {shown})", file=sys.stderr)
+        return EXIT_PARTIAL
+    return 0
+
+
+# ---------------------------------------------------------------- demo
+def cmd_demo(args: argparse.Namespace) -> int:
+    from seqrec.demo import run_demo
+
+    demo = run_demo(Path(args.out), data_dir=args.data_dir, epochs=args.epochs)
+    print(f"dataset: {demo.dataset} — {demo.why}")
+    fit = demo.sasrec.fit
+    print(
+        f"SASRec+CE: {fit.epochs} epochs in {fit.train_seconds:.0f} s (best epoch {fit.best_epoch})"
+    )
+    print(f"\n{'model':<10} {'protocol':<8} {'HR@10':>7} {'NDCG@10':>8} {'MRR@10':>7}  users")
+    for label, result in demo.rows:
+        protocol = result.protocol.split(":")[0].split(" ")[0]
+        m = result.metrics
+        print(
+            f"{label:<10} {protocol:<8} {m['HR@10']:>7.4f} {m['NDCG@10']:>8.4f} "
+            f"{m['MRR@10']:>7.4f}  {result.num_users:,}"
+        )
+    print("\nprotocols:")
+    for protocol in dict.fromkeys(result.protocol for _, result in demo.rows):
+        print(f"  {protocol}")
+    print(f"run directories: {args.out}/sasrec, {args.out}/pop")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+def _common_data(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder holding <dataset>/<file> (default: $SEQREC_DATA_DIR, then the cache)",
+    )
+
+
+def _config_flags(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument(
+        "--config", required=required, help="experiment YAML (data/model/train/eval)"
+    )
+    parser.add_argument(
+        "--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seqrec", description="Sequential recommendation.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="datasets: list, info, prepare")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("list", help="the dataset registry")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_data_list)
+    for name, handler, text in (
+        ("info", cmd_data_info, "statistics of a prepared dataset"),
+        ("prepare", cmd_data_prepare, "read, preprocess, split and cache a dataset"),
+    ):
+        p = data_sub.add_parser(name, help=text)
+        p.add_argument("name", nargs="?", help="registry name (default: data.dataset of --config)")
+        _config_flags(p, required=False)
+        _common_data(p)
+        if name == "info":
+            p.add_argument("--json", action="store_true")
+        else:
+            p.add_argument(
+                "--no-cache", action="store_true", help="rebuild, do not touch the cache"
+            )
+        p.set_defaults(handler=handler)
+
+    p = sub.add_parser("train", help="train a model into a run directory")
+    _config_flags(p, required=False)
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue from the last completed epoch")
+    _common_data(p)
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("evaluate", help="evaluate a trained run directory")
+    p.add_argument("run_dir")
+    p.add_argument("--protocol", choices=("full", "sampled"), default=None)
+    p.add_argument("--split", choices=("valid", "test"), default="test")
+    p.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--export-ranks", metavar="FILE", help=".csv or .parquet: user_id, target, rank")
+    p.add_argument("--json", action="store_true", help="one flat JSON object on stdout")
+    _common_data(p)
+    p.set_defaults(handler=cmd_evaluate)
+
+    p = sub.add_parser("recommend", help="top-k items for histories of original item ids")
+    p.add_argument("run_dir")
+    p.add_argument("--history", nargs="+", metavar="ITEM", help="one history, oldest first")
+    p.add_argument("--input", help="batch: one history per line (ids separated by spaces)")
+    p.add_argument("--output", help="batch: JSON lines out, one per input line")
+    p.add_argument("-k", type=int, default=10)
+    p.add_argument("--keep-seen", action="store_true", help="allow items from the history")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_recommend)
+
+    p = sub.add_parser("demo", help="the main job: default dataset -> SASRec -> results table")
+    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--epochs", type=int, default=None, help="override the demo's short schedule")
+    _common_data(p)
+    p.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except (ConfigError, DataError, RunDirError, ValueError, KeyError, OSError) as err:
+        if os.environ.get("SEQREC_DEBUG"):
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted; a training run resumes with --resume", file=sys.stderr)
+        return 130
+    except Exception as err:  # the last line of defence: one line, not a traceback wall
+        if os.environ.get("SEQREC_DEBUG"):
+            raise
+        print(
+            f"error: unexpected {type(err).__name__}: {err} (SEQREC_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

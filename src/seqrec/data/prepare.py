@@ -1,0 +1,265 @@
+"""``prepare``: read -> preprocess -> remap -> CSR arrays -> split, cached on disk.
+
+The whole pipeline is visible in ``prepare``; every stage is a pure function from
+``readers``, ``preprocess`` and ``split``. The result is cached under
+``<cache>/prepared/<key>/`` as ``data.npz`` (all arrays), ``idmap.json`` and
+``meta.json`` (written last, with the sha256 of the other two, so an entry is complete
+and intact or it is rebuilt). The key hashes the source identity (resolved path, size
+and mtime; or the synthetic generator's settings) and every DataConfig field that can
+change the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from seqrec.config import DataConfig, FileFormat
+from seqrec.data import preprocess
+from seqrec.data.datasets import locate_dataset, user_cache_dir
+from seqrec.data.download import sha256_file
+from seqrec.data.idmap import IdMap
+from seqrec.data.readers import ColumnMap, read_interactions
+from seqrec.data.schema import ITEM_ID, TIMESTAMP, USER_ID, DataError
+from seqrec.data.sequences import EvalSet, IntArray, PreparedData, Sequences, Split
+from seqrec.data.split import make_split
+from seqrec.data.synthetic import GENERATOR_VERSION, synthetic_interactions
+from seqrec.io import atomic_write, atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = 1  # bump when the pipeline's output changes for the same inputs
+_SYNTHETIC_FIELDS = ("synthetic_users", "synthetic_items", "synthetic_seed")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the interactions come from, and what identifies that input for the cache."""
+
+    name: str  # dataset name, or the file name for dataset: file
+    location: str  # a path, or "generated"
+    path: Path | None  # None for generated data
+    format: FileFormat
+    identity: dict[str, Any]
+
+
+def prepare(
+    config: DataConfig,
+    data_dir: str | Path | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    download: bool = True,
+    use_cache: bool = True,
+) -> PreparedData:
+    """Build (or load from the cache) the prepared arrays and split for ``config``.
+
+    Args:
+        data_dir: where ``<name>/<file>`` of a registry dataset is looked for first.
+        cache_dir: the cache root (downloads and prepared data); default: the user cache.
+        download: allow downloading a registry dataset that is not found locally.
+        use_cache: read and write ``<cache>/prepared/``; False rebuilds and writes nothing.
+    """
+    cache_root = Path(cache_dir) if cache_dir is not None else user_cache_dir()
+    source = resolve_source(config, data_dir, cache_dir=cache_root, download=download)
+    entry = cache_root / "prepared" / cache_key(config, source)
+    if use_cache:
+        cached = load_prepared(entry)
+        if cached is not None:
+            logger.info("loaded prepared %s from %s", source.name, entry)
+            return cached
+
+    df = read_source(source, config)
+    preprocess.log_counts("read", df)
+    df = preprocess.implicit(df, config.min_rating)
+    df = preprocess.sort_by_time(df)
+    df = preprocess.k_core(df, config.min_user_interactions, config.min_item_interactions)
+    if config.dedupe_consecutive:
+        df = preprocess.dedupe_consecutive(df)
+    if config.max_history is not None:
+        df = preprocess.keep_last(df, config.max_history)
+    df, id_map = preprocess.remap(df)
+    sequences, timestamps = to_sequences(df, len(id_map.users))
+    split = make_split(config.split, sequences, timestamps, config.temporal_quantile)
+    prepared = PreparedData(source.name, source.location, sequences, timestamps, id_map, split)
+
+    if use_cache:
+        save_prepared(prepared, entry)
+        logger.info("cached prepared %s in %s", source.name, entry)
+    return prepared
+
+
+def resolve_source(
+    config: DataConfig,
+    data_dir: str | Path | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    download: bool = True,
+) -> Source:
+    """Which input ``config`` names: generated data, ``data.path``, or a located dataset file."""
+    if config.dataset == "synthetic":
+        settings = {name: getattr(config, name) for name in _SYNTHETIC_FIELDS}
+        settings["generator_version"] = GENERATOR_VERSION
+        return Source("synthetic", "generated", None, "auto", {"synthetic": settings})
+    if config.dataset == "file":
+        assert config.path is not None  # DataConfig checks this
+        path = Path(config.path).expanduser()
+        if not path.is_file():
+            raise DataError(f"data.path {path} does not exist")
+        return Source(path.name, str(path), path, config.format, _file_identity(path))
+    located = locate_dataset(config.dataset, data_dir, cache_dir=cache_dir, download=download)
+    fmt = located.file.format if config.format == "auto" else config.format
+    identity = _file_identity(located.path)
+    return Source(config.dataset, str(located.path), located.path, fmt, identity)
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def cache_key(config: DataConfig, source: Source) -> str:
+    """A hash of the source identity and every config field that can change the result."""
+    fields = dataclasses.asdict(config)
+    if source.path is not None:  # the generator's settings only matter to generated data
+        for name in _SYNTHETIC_FIELDS:
+            fields.pop(name)
+    blob = json.dumps(
+        {"version": CACHE_VERSION, "source": source.identity, "config": fields},
+        sort_keys=True,
+        default=str,
+    )
+    return f"{source.name}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def read_source(source: Source, config: DataConfig) -> pl.DataFrame:
+    """The raw interaction frame of ``source`` (generated or read)."""
+    if source.path is None:
+        return synthetic_interactions(config)
+    return read_interactions(source.path, source.format, ColumnMap.from_config(config))
+
+
+def to_sequences(df: pl.DataFrame, num_users: int) -> tuple[Sequences, IntArray | None]:
+    """A remapped frame (rows grouped by user, in time order) -> CSR sequences (+ timestamps)."""
+    users = df[USER_ID].to_numpy()
+    assert (np.diff(users) >= 0).all(), "rows must be grouped by internal user id"
+    offsets = np.zeros(num_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(users, minlength=num_users), out=offsets[1:])
+    items = df[ITEM_ID].to_numpy().astype(np.int32)
+    timestamps = df[TIMESTAMP].to_numpy().astype(np.int64) if TIMESTAMP in df.columns else None
+    return Sequences(offsets, items), timestamps
+
+
+# ---- the on-disk cache --------------------------------------------------------------------
+
+
+def _arrays(prepared: PreparedData) -> dict[str, np.ndarray[Any, Any]]:
+    split = prepared.split
+    arrays: dict[str, np.ndarray[Any, Any]] = {
+        "offsets": prepared.sequences.offsets,
+        "items": prepared.sequences.items,
+        "train_offsets": split.train.offsets,
+        "train_items": split.train.items,
+        "train_users": split.train_users,
+    }
+    for part, evalset in (("valid", split.valid), ("test", split.test)):
+        arrays[f"{part}_users"] = evalset.users
+        arrays[f"{part}_offsets"] = evalset.histories.offsets
+        arrays[f"{part}_items"] = evalset.histories.items
+        arrays[f"{part}_targets"] = evalset.targets
+    if prepared.timestamps is not None:
+        arrays["timestamps"] = prepared.timestamps
+    return arrays
+
+
+def save_prepared(prepared: PreparedData, folder: Path) -> None:
+    """Write the cache entry; ``meta.json`` goes last, so a half-written entry has none."""
+    arrays = _arrays(prepared)
+
+    def write_npz(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a file object: np.savez would append ".npz"
+            np.savez(handle, allow_pickle=False, **arrays)
+
+    atomic_write(folder / "data.npz", write_npz)
+    prepared.id_map.save(folder / "idmap.json")
+    meta = {
+        "version": CACHE_VERSION,
+        "name": prepared.name,
+        "source": prepared.source,
+        "protocol": prepared.split.protocol,
+        "data_sha256": sha256_file(folder / "data.npz"),
+        "idmap_sha256": sha256_file(folder / "idmap.json"),
+    }
+    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))
+
+
+def load_prepared(folder: Path) -> PreparedData | None:
+    """The cached entry, or None when there is none or it is damaged (then it is rebuilt)."""
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        return _load_checked(folder, json.loads(meta_path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, DataError, zipfile.BadZipFile) as err:
+        logger.warning("prepared-data cache %s is damaged (%s); rebuilding it", folder, err)
+        return None
+
+
+def _load_checked(folder: Path, meta: dict[str, Any]) -> PreparedData:
+    if meta["version"] != CACHE_VERSION:
+        raise ValueError(f"cache version {meta['version']} != {CACHE_VERSION}")
+    for name, key in (("data.npz", "data_sha256"), ("idmap.json", "idmap_sha256")):
+        if sha256_file(folder / name) != meta[key]:
+            raise ValueError(f"{name} does not match its recorded sha256")
+    id_map = IdMap.load(folder / "idmap.json")
+    with np.load(folder / "data.npz", allow_pickle=False) as npz:
+        a = {key: npz[key] for key in npz.files}
+    num_items = id_map.num_items
+    sequences = _sequences(a["offsets"], a["items"], num_items)
+    if len(sequences) != len(id_map.users):
+        raise ValueError("user count differs from the id map")
+    timestamps = a["timestamps"].astype(np.int64) if "timestamps" in a else None
+    if timestamps is not None and len(timestamps) != len(sequences.items):
+        raise ValueError("timestamps do not line up with items")
+    split = Split(
+        protocol=str(meta["protocol"]),
+        train=_sequences(a["train_offsets"], a["train_items"], num_items),
+        train_users=_users(a["train_users"], len(sequences)),
+        valid=_evalset(a, "valid", num_items, len(sequences)),
+        test=_evalset(a, "test", num_items, len(sequences)),
+    )
+    return PreparedData(
+        str(meta["name"]), str(meta["source"]), sequences, timestamps, id_map, split
+    )
+
+
+def _sequences(offsets: np.ndarray[Any, Any], items: np.ndarray[Any, Any], n: int) -> Sequences:
+    """Validate explicitly (Sequences only asserts, and asserts vanish under -O)."""
+    if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(items):
+        raise ValueError("bad offsets")
+    if (np.diff(offsets) < 0).any() or (len(items) and (items.min() < 1 or items.max() > n)):
+        raise ValueError("bad item ids")
+    return Sequences(offsets.astype(np.int64), items.astype(np.int32))
+
+
+def _users(users: np.ndarray[Any, Any], num_users: int) -> IntArray:
+    if len(users) and (users.min() < 0 or users.max() >= num_users):
+        raise ValueError("bad user rows")
+    return users.astype(np.int64)
+
+
+def _evalset(a: dict[str, np.ndarray[Any, Any]], part: str, n: int, num_users: int) -> EvalSet:
+    users = _users(a[f"{part}_users"], num_users)
+    histories = _sequences(a[f"{part}_offsets"], a[f"{part}_items"], n)
+    targets = a[f"{part}_targets"].astype(np.int32)
+    if not len(users) == len(histories) == len(targets):
+        raise ValueError(f"{part} arrays differ in length")
+    return EvalSet(users, histories, targets)

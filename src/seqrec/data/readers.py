@@ -1,0 +1,336 @@
+"""Interaction files -> a Polars frame ``user_id, item_id[, timestamp][, rating]`` in file order.
+
+Formats (``DataConfig.format``):
+
+* ``csv`` / ``tsv`` / ``parquet``: a table with a header; ``DataConfig.user_column``,
+  ``item_column`` and the optional ``timestamp_column`` / ``rating_column`` name the columns.
+* ``movielens``: ``user item rating timestamp`` per line, separated by ``::`` (ML-1M
+  ``ratings.dat``, Latin-1) or by a tab (ML-100K ``u.data``); the separator is taken from
+  the first line.
+* ``pairs``: ``user item`` per line (SASRec / BERT4Rec ``*.txt``), whitespace separated.
+* ``sequences``: ``user item item ...`` per line (S3-Rec ``*.txt``), oldest item first.
+
+A trailing ``.gz`` is decompressed transparently. ``format: auto`` looks at the file name
+without ``.gz``: ``*.parquet``, ``*.csv``, ``*.tsv`` name themselves; ``*.dat`` and ``u.data``
+are ``movielens``; ``*.txt`` is ``pairs`` when each of its first 1,000 non-blank lines has
+exactly two tokens, else ``sequences`` (a one-item ``sequences`` line *is* a pair, so the
+two readings agree whenever the sniff could be fooled); anything else is an error that
+asks for ``data.format``.
+
+User and item ids stay strings (``Utf8``): files disagree on whether ids are numbers.
+Timestamps become Int64 (integer seconds, or ISO date-times converted to epoch seconds).
+Text formats are split with Polars string kernels, not per-token Python.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import logging
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+import polars as pl
+
+from seqrec.config import DataConfig, FileFormat
+from seqrec.data.schema import ITEM_ID, RATING, TIMESTAMP, USER_ID, DataError
+
+logger = logging.getLogger(__name__)
+
+ReadFormat = Literal["csv", "tsv", "parquet", "movielens", "pairs", "sequences"]
+
+_LINE = "line"
+_LINE_NO = "line_no"
+_TOKENS = "tokens"
+_SNIFF_LINES = 1000
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which columns of a csv/tsv/parquet table hold the user, item, timestamp and rating."""
+
+    user: str = USER_ID
+    item: str = ITEM_ID
+    timestamp: str | None = None
+    rating: str | None = None
+
+    @classmethod
+    def from_config(cls, config: DataConfig) -> ColumnMap:
+        """The ``DataConfig.*_column`` fields."""
+        return cls(
+            user=config.user_column,
+            item=config.item_column,
+            timestamp=config.timestamp_column,
+            rating=config.rating_column,
+        )
+
+
+def read_interactions(
+    path: str | Path, format: FileFormat = "auto", columns: ColumnMap | None = None
+) -> pl.DataFrame:
+    """Read one interaction file of any supported format (see the module docstring)."""
+    path = Path(path)
+    fmt = detect_format(path) if format == "auto" else format
+    if fmt in ("csv", "tsv", "parquet"):
+        df = read_table(path, fmt, columns or ColumnMap())
+    elif fmt == "movielens":
+        df = read_movielens(path)
+    elif fmt == "pairs":
+        df = read_pairs(path)
+    else:
+        df = read_sequences(path)
+    logger.info("read %s (%s): %d interactions", path, fmt, df.height)
+    return df
+
+
+def detect_format(path: Path) -> ReadFormat:
+    """The ``format: auto`` rule of the module docstring."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    suffix = Path(name).suffix.lower()
+    by_suffix: dict[str, ReadFormat] = {
+        ".parquet": "parquet",
+        ".csv": "csv",
+        ".tsv": "tsv",
+        ".dat": "movielens",
+    }
+    if suffix in by_suffix:
+        return by_suffix[suffix]
+    if name == "u.data":
+        return "movielens"
+    if suffix == ".txt":
+        return _sniff_txt(path)
+    raise DataError(
+        f"cannot tell the format of {path} from its name; set data.format to one of "
+        f"{', '.join(get_args(ReadFormat))}"
+    )
+
+
+def _sniff_txt(path: Path) -> ReadFormat:
+    lines = [line for line in _head_lines(path) if line.strip()]
+    two = all(len(line.split()) == 2 for line in lines[:_SNIFF_LINES])
+    return "pairs" if two else "sequences"
+
+
+def _head_lines(path: Path, size: int = 1 << 18) -> list[str]:
+    """The complete lines among the first ``size`` (decompressed) bytes of a text file."""
+    if not path.is_file():
+        raise DataError(f"file {path} does not exist")
+    try:
+        with gzip.open(path) if path.name.endswith(".gz") else open(path, "rb") as handle:
+            head = handle.read(size)
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataError(f"cannot read {path}: {err}") from None
+    lines = head.decode("utf-8", errors="replace").split("\n")
+    return lines[:-1] if len(head) == size else lines
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise DataError(f"file {path} does not exist")
+    try:
+        data = path.read_bytes()
+        if path.name.endswith(".gz"):
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataError(f"cannot read {path}: {err}") from None
+    if not data or data.isspace():
+        raise DataError(f"file {path} is empty")
+    return data
+
+
+def _read_text(path: Path, encoding: str = "utf-8") -> str:
+    data = _read_bytes(path)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not valid {encoding} text: {err}") from None
+
+
+def _tokenize(text: str, separator: str | None) -> pl.DataFrame:
+    """Non-blank lines -> (line_no 1-based, line, tokens list). ``None`` = any whitespace."""
+    lines = pl.Series(_LINE, [text], dtype=pl.String).str.split("\n").explode()
+    df = pl.DataFrame([lines]).with_row_index(_LINE_NO, offset=1)
+    df = df.with_columns(pl.col(_LINE).str.strip_chars()).filter(pl.col(_LINE) != "")
+    line = pl.col(_LINE)
+    if separator is None:
+        if "\t" in text or "  " in text:  # the regex pass is only paid for when needed
+            line = line.str.replace_all(r"\s+", " ")
+        tokens = line.str.split(" ")
+    else:
+        tokens = line.str.split(separator)
+    return df.with_columns(tokens.alias(_TOKENS))
+
+
+def _malformed(path: Path, df: pl.DataFrame, bad: pl.Expr, expected: str) -> None:
+    """Raise for the first row where ``bad`` holds, quoting its line and number."""
+    rows = df.filter(bad).select(_LINE_NO, _LINE).head(1)
+    if rows.height:
+        line_no, line = rows.row(0)
+        shown = line if len(line) <= 80 else line[:77] + "..."
+        raise DataError(f"{path}:{line_no}: malformed line {shown!r}; expected {expected}")
+
+
+def read_pairs(path: str | Path) -> pl.DataFrame:
+    """``user item`` per line (SASRec/BERT4Rec), file order kept."""
+    path = Path(path)
+    df = _tokenize(_read_text(path), None)
+    _malformed(path, df, pl.col(_TOKENS).list.len() != 2, "`user item` (2 fields)")
+    return df.select(
+        pl.col(_TOKENS).list.get(0).alias(USER_ID), pl.col(_TOKENS).list.get(1).alias(ITEM_ID)
+    )
+
+
+def read_sequences(path: str | Path) -> pl.DataFrame:
+    """``user item item ...`` per line (S3-Rec), one row per item, file order kept."""
+    path = Path(path)
+    df = _tokenize(_read_text(path), None)
+    _malformed(
+        path, df, pl.col(_TOKENS).list.len() < 2, "`user item [item ...]` (a user and >= 1 item)"
+    )
+    return df.select(
+        pl.col(_TOKENS).list.get(0).alias(USER_ID),
+        pl.col(_TOKENS).list.slice(1).alias(ITEM_ID),
+    ).explode(ITEM_ID)
+
+
+def read_movielens(path: str | Path) -> pl.DataFrame:
+    """``user::item::rating::timestamp`` (ratings.dat, Latin-1), or tab-separated (u.data)."""
+    path = Path(path)
+    text = _read_text(path, "latin-1")  # Latin-1 never fails to decode; ids are ASCII anyway
+    first = text.lstrip()[:200]
+    separator = "::" if "::" in first else "\t"
+    df = _tokenize(text, separator)
+    shown_sep = "::" if separator == "::" else "<TAB>"
+    expected = f"`user{shown_sep}item{shown_sep}rating{shown_sep}timestamp` (4 fields)"
+    tokens = pl.col(_TOKENS)
+    _malformed(path, df, tokens.list.len() != 4, expected)
+    df = df.with_columns(
+        tokens.list.get(0).str.strip_chars().alias(USER_ID),
+        tokens.list.get(1).str.strip_chars().alias(ITEM_ID),
+        tokens.list.get(2).str.strip_chars().cast(pl.Float64, strict=False).alias(RATING),
+        tokens.list.get(3).str.strip_chars().cast(pl.Int64, strict=False).alias(TIMESTAMP),
+    )
+    _malformed(path, df, pl.col(RATING).is_null(), f"{expected} with a numeric rating")
+    _malformed(path, df, pl.col(TIMESTAMP).is_null(), f"{expected} with an integer timestamp")
+    return df.select(USER_ID, ITEM_ID, TIMESTAMP, RATING)
+
+
+def read_table(path: str | Path, fmt: ReadFormat, columns: ColumnMap) -> pl.DataFrame:
+    """A csv/tsv/parquet table with a header, renamed to the canonical columns."""
+    path = Path(path)
+    df = _load_parquet(path) if fmt == "parquet" else _load_delimited(path, fmt == "csv")
+    wanted = {
+        USER_ID: columns.user,
+        ITEM_ID: columns.item,
+        TIMESTAMP: columns.timestamp,
+        RATING: columns.rating,
+    }
+    missing = [name for name in wanted.values() if name is not None and name not in df.columns]
+    if missing:
+        raise DataError(
+            f"{path}: no column(s) {', '.join(map(repr, missing))}; the file has columns "
+            f"{', '.join(map(repr, df.columns))}; set data.user_column / item_column / "
+            "timestamp_column / rating_column"
+        )
+    if df.height == 0:
+        raise DataError(f"file {path} has a header but no rows")
+    out = df.select(*(pl.col(src).alias(dst) for dst, src in wanted.items() if src is not None))
+    for name in (USER_ID, ITEM_ID):
+        out = out.with_columns(_to_id(path, out[name], wanted[name] or name))
+    if columns.timestamp is not None:
+        out = out.with_columns(_to_epoch_seconds(path, out[TIMESTAMP], columns.timestamp))
+    if columns.rating is not None:
+        out = out.with_columns(_to_float(path, out[RATING], columns.rating))
+    return out
+
+
+def _load_parquet(path: Path) -> pl.DataFrame:
+    if not path.is_file():
+        raise DataError(f"file {path} does not exist")
+    try:
+        return pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as err:
+        raise DataError(f"cannot read parquet file {path}: {err}") from None
+
+
+def _load_delimited(path: Path, comma: bool) -> pl.DataFrame:
+    separator = "," if comma else "\t"
+    data = _read_bytes(path)
+    try:
+        df = pl.read_csv(io.BytesIO(data), separator=separator, infer_schema=False)
+    except pl.exceptions.PolarsError as err:
+        raise _ragged_line(path, data, separator) or DataError(
+            f"cannot parse {path}: {str(err).splitlines()[0]}"
+        ) from None
+    if sum(df.null_count().row(0)):  # Polars fills a short line with nulls: find it
+        error = _ragged_line(path, data, separator)
+        if error is not None:
+            raise error
+    return df
+
+
+def _ragged_line(path: Path, data: bytes, separator: str) -> DataError | None:
+    """The first line whose field count differs from the header's (slow path, errors only)."""
+    reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace")), delimiter=separator)
+    header = next(reader, [])
+    for row in reader:
+        if row and len(row) != len(header):
+            return DataError(
+                f"{path}:{reader.line_num}: malformed line; expected {len(header)} fields "
+                f"separated by {separator!r} like the header, found {len(row)}"
+            )
+    return None
+
+
+def _to_id(path: Path, values: pl.Series, column: str) -> pl.Series:
+    if values.null_count():
+        row = int(values.is_null().arg_true()[0])
+        raise DataError(f"{path}: column {column!r} is empty in data row {row + 1}")
+    return values.cast(pl.String)
+
+
+def _to_epoch_seconds(path: Path, values: pl.Series, column: str) -> pl.Series:
+    """Integer seconds, whole floats, ISO dates/date-times or Datetime columns -> Int64."""
+    if values.dtype.is_temporal():
+        out = values.dt.epoch("s")
+    elif values.dtype.is_numeric():
+        out = values.cast(pl.Int64, strict=False)
+    else:  # strings: integer seconds, else float seconds, else an ISO date-time
+        out = values.cast(pl.Int64, strict=False)
+        if out.null_count() > values.null_count():
+            out = out.fill_null(values.cast(pl.Float64, strict=False).cast(pl.Int64))
+        if out.null_count() > values.null_count():
+            out = out.fill_null(_parse_datetimes(values))
+    bad = out.is_null() & values.is_not_null()
+    if bad.any():
+        example = values.filter(bad)[0]
+        raise DataError(
+            f"{path}: column {column!r} has {example!r}, which is not a timestamp "
+            "(expected integer seconds or an ISO date-time)"
+        )
+    if values.null_count():
+        row = int(values.is_null().arg_true()[0])
+        raise DataError(f"{path}: column {column!r} is empty in data row {row + 1}")
+    return out.alias(TIMESTAMP)
+
+
+def _parse_datetimes(values: pl.Series) -> pl.Series:
+    """ISO dates / date-times -> epoch seconds; null where unparseable."""
+    try:
+        return values.str.to_datetime(strict=False).dt.epoch("s")
+    except pl.exceptions.PolarsError:  # no format could be inferred at all
+        return pl.Series(values.name, [None] * len(values), dtype=pl.Int64)
+
+
+def _to_float(path: Path, values: pl.Series, column: str) -> pl.Series:
+    out = values.cast(pl.Float64, strict=False)
+    if out.null_count():
+        row = int(out.is_null().arg_true()[0])
+        raise DataError(
+            f"{path}: column {column!r} has {values[row]!r} in data row {row + 1}, "
+            "which is not a number"
+        )
+    return out.alias(RATING)

@@ -1,0 +1,192 @@
+"""One evaluator for every model: full-catalogue ranking or the SASRec paper's sampled protocol.
+
+Users are evaluated in chunks (memory stays bounded), sorted by history length so a chunk
+pads only to its own longest history. Ranks are 0-based internally; ties count against the
+model (see ``seqrec.metrics.rank_of_target``). Exports are 1-based.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import torch
+from torch import Tensor
+
+from seqrec.config import EvalConfig
+from seqrec.data.batches import SeenIndex, left_padded
+from seqrec.data.idmap import IdMap
+from seqrec.data.sequences import EvalSet, Sequences
+from seqrec.io import atomic_path
+from seqrec.metrics import all_metrics, mean_and_ci, rank_in_topk, rank_of_target
+from seqrec.models.base import ScoringRecommender, SequentialRecommender
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Mean metrics with 95% CI half-widths, and the per-user ranks behind them."""
+
+    metrics: dict[str, float]
+    ci95: dict[str, float]
+    protocol: str  # a human-readable description, printed with every result
+    split: str
+    num_users: int
+    ranks: npt.NDArray[np.int64] = field(repr=False)  # (U,) 1-based rank of each target
+    users: npt.NDArray[np.int64] = field(repr=False)  # (U,) user row indices
+    targets: npt.NDArray[np.int64] = field(repr=False)  # (U,) internal item ids
+
+    def flat(self) -> dict[str, float | int | str]:
+        """One flat dict: ``"NDCG@10"`` keys, their ``"NDCG@10_ci95"`` and the protocol."""
+        row: dict[str, float | int | str] = dict(self.metrics)
+        row.update({f"{k}_ci95": v for k, v in self.ci95.items()})
+        row.update(protocol=self.protocol, split=self.split, num_users=self.num_users)
+        return row
+
+
+def describe_protocol(config: EvalConfig, num_items: int) -> str:
+    if config.protocol == "full":
+        seen = "filter-seen" if config.filter_seen else "seen items kept"
+        return f"full ranking over all {num_items} items, {seen}, ties count against the model"
+    return (
+        f"sampled: target + {config.num_negatives} {config.negative_sampling}-sampled items the "
+        "user never interacted with (not comparable with full ranking), "
+        "ties count against the model"
+    )
+
+
+class NegativeSampler:
+    """Items a user never interacted with, without replacement, uniform or by popularity.
+
+    Exact sampling without replacement by random keys: uniform keys (or Efraimidis-Spirakis
+    keys log(u) / w for popularity weights w), seen items pushed out, k best keys kept.
+    """
+
+    def __init__(
+        self, all_sequences: Sequences, num_items: int, weights: Tensor | None, seed: int
+    ) -> None:
+        self._seen = SeenIndex(all_sequences, num_items)
+        self._num_items = num_items
+        self._log_weights = None if weights is None else weights.double().clamp_min(1e-12).log()
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def sample(self, users: npt.NDArray[np.int64], k: int) -> Tensor:
+        """(U,) user rows -> (U, k) item ids (PAD_ID where a user has fewer unseen items)."""
+        N = self._num_items
+        keys = torch.rand(len(users), N, generator=self._generator, dtype=torch.float64)
+        if self._log_weights is not None:
+            keys = keys.log() / self._log_weights[1:].exp()  # Efraimidis-Spirakis
+        seen = self._seen.contains(users[:, None], np.arange(1, N + 1)[None, :])
+        keys[torch.from_numpy(seen)] = float("-inf")
+        top = keys.topk(min(k, N), dim=1)
+        return torch.where(top.values.isfinite(), top.indices + 1, 0)
+
+
+def _chunks(lengths: npt.NDArray[np.int64], size: int) -> list[npt.NDArray[np.int64]]:
+    order = np.argsort(lengths, kind="stable")
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+@torch.no_grad()
+def _ranks_for_chunk(
+    model: SequentialRecommender,
+    input_ids: Tensor,
+    users: Tensor,
+    targets: Tensor,
+    history: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    candidates: Tensor | None,
+    config: EvalConfig,
+) -> Tensor:
+    if not isinstance(model, ScoringRecommender):  # generative models: rank inside top-K
+        topk = model.recommend(input_ids, max(config.ks), config.filter_seen, users)
+        return rank_in_topk(topk.cpu(), targets)
+    scores = model.score(input_ids, users).float().cpu()  # (B, N + 1)
+    if candidates is not None:  # sampled: column 0 is the target, then the negatives
+        cand = torch.cat([targets.unsqueeze(1), candidates], dim=1)
+        cand_scores = scores.gather(1, cand).masked_fill(cand == 0, float("-inf"))
+        cand_scores[:, 0] = scores.gather(1, targets.unsqueeze(1)).squeeze(1)
+        return rank_of_target(cand_scores, torch.zeros_like(targets))
+    if config.filter_seen:
+        rows, cols = history
+        scores[torch.from_numpy(rows), torch.from_numpy(cols)] = float("-inf")
+    return rank_of_target(scores[:, 1:], targets - 1)  # drop the padding column
+
+
+def evaluate(
+    model: SequentialRecommender,
+    eval_set: EvalSet,
+    config: EvalConfig,
+    *,
+    all_sequences: Sequences,
+    num_items: int,
+    item_counts: npt.NDArray[np.int64] | None = None,
+    device: torch.device | str = "cpu",
+    split: str = "test",
+) -> EvalResult:
+    """Rank every target of ``eval_set`` and compute every metric at every k.
+
+    all_sequences: every user's full sequence; sampled negatives avoid all of it.
+    item_counts: (N + 1,) training popularity, needed for popularity-sampled negatives.
+    """
+    model.eval()
+    max_len = int(getattr(model.config, "max_seq_len", 200))
+    sampler = None
+    if config.protocol == "sampled":
+        weights = None
+        if config.negative_sampling == "popularity":
+            if item_counts is None:
+                raise ValueError("popularity-sampled negatives need item_counts")
+            weights = torch.from_numpy(item_counts.astype(np.float64))
+        sampler = NegativeSampler(all_sequences, num_items, weights, config.seed)
+    ranks = np.zeros(len(eval_set), dtype=np.int64)
+    histories = eval_set.histories
+    for chunk in _chunks(histories.lengths, config.batch_size):
+        input_ids = torch.from_numpy(left_padded(histories, chunk, max_len)).to(device)
+        users = torch.from_numpy(eval_set.users[chunk]).to(device)
+        targets = torch.from_numpy(eval_set.targets[chunk].astype(np.int64))
+        sub = histories.take(chunk)
+        history = (sub.row_ids(), sub.items.astype(np.int64))
+        candidates = None
+        if sampler is not None:
+            candidates = sampler.sample(eval_set.users[chunk], config.num_negatives)
+        chunk_ranks = _ranks_for_chunk(
+            model, input_ids, users, targets, history, candidates, config
+        )
+        ranks[chunk] = chunk_ranks.numpy()
+    per_user = all_metrics(torch.from_numpy(ranks), config.ks)
+    means = {name: mean_and_ci(values) for name, values in per_user.items()}
+    return EvalResult(
+        metrics={name: m for name, (m, _) in means.items()},
+        ci95={name: ci for name, (_, ci) in means.items()},
+        protocol=describe_protocol(config, num_items),
+        split=split,
+        num_users=len(eval_set),
+        ranks=ranks + 1,
+        users=eval_set.users.astype(np.int64),
+        targets=eval_set.targets.astype(np.int64),
+    )
+
+
+def export_ranks(result: EvalResult, id_map: IdMap, path: str | Path) -> None:
+    """One row per evaluated user: ``user_id``, ``target`` (original ids), 1-based ``rank``."""
+    path = Path(path)
+    frame = pl.DataFrame(
+        {
+            "user_id": [id_map.users[u] for u in result.users],
+            "target": id_map.item_to_original(result.targets),
+            "rank": result.ranks,
+        }
+    )
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".parquet"):
+        raise ValueError(f"--export-ranks: use a .csv or .parquet file name, got {path.name}")
+    with atomic_path(path) as tmp:
+        if suffix == ".csv":
+            frame.write_csv(tmp)
+        else:
+            frame.write_parquet(tmp)

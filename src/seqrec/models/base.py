@@ -1,0 +1,122 @@
+"""The model contract shared by every recommender, the model registry and config building."""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
+from seqrec.config import ConfigError, from_dict
+from seqrec.registry import Registry
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Fields every model has. ``num_items``/``num_users`` come from the data, never from YAML."""
+
+    name: ClassVar[str] = ""
+    num_items: int  # catalogue size N; item ids are 1..N, 0 is padding
+    num_users: int = 0  # users in the training data (models with a user embedding)
+    max_seq_len: int = 50  # histories are truncated to their most recent max_seq_len items
+
+    def __post_init__(self) -> None:
+        if self.num_items < 1:
+            raise ConfigError(f"model.num_items must be >= 1, got {self.num_items}")
+        if self.max_seq_len < 1:
+            raise ConfigError(f"model.max_seq_len must be >= 1, got {self.max_seq_len}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+
+class SequentialRecommender(nn.Module, ABC):
+    """``forward(batch).loss`` trains; ``recommend(input_ids, k)`` serves and evaluates."""
+
+    config_class: ClassVar[type[ModelConfig]]
+    config: ModelConfig
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    @abstractmethod
+    def forward(self, batch: SeqBatch) -> ModelOutput:
+        """Training loss for a batch whose ``labels`` hold the next item at every position."""
+
+    @abstractmethod
+    def recommend(
+        self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
+    ) -> Tensor:
+        """(B, L) left-padded histories -> (B, k) item ids, best first; never PAD_ID."""
+
+    @property
+    def num_negatives(self) -> int:
+        """Sampled negatives per position the training batches must carry (0 = none)."""
+        return 0
+
+    @property
+    def uses_users(self) -> bool:
+        """True when the model needs ``users`` (a user embedding) at train and inference time."""
+        return False
+
+
+class ScoringRecommender(SequentialRecommender):
+    """Models that score the whole catalogue; ``recommend`` is top-k over ``score``."""
+
+    @abstractmethod
+    def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+        """(B, L) -> (B, N + 1) scores for the next item; column PAD_ID is ignored."""
+
+    @torch.no_grad()
+    def recommend(
+        self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
+    ) -> Tensor:
+        scores = self.score(input_ids, users).float()  # (B, N + 1)
+        scores[:, PAD_ID] = float("-inf")
+        if exclude_seen:
+            scores = scores.scatter(1, input_ids.long(), float("-inf"))
+        k = min(k, scores.size(1) - 1)
+        return scores.topk(k, dim=1).indices
+
+
+MODELS: Registry[type[SequentialRecommender]] = Registry("model")
+M = TypeVar("M", bound=type[SequentialRecommender])
+
+
+def register_model(cls: M) -> M:
+    """Class decorator: register under ``cls.config_class.name`` (the name is written once)."""
+    MODELS.register(cls.config_class.name)(cls)
+    return cls
+
+
+def build_model_config(
+    section: Mapping[str, Any], *, num_items: int, num_users: int = 0
+) -> ModelConfig:
+    """The ``model`` YAML section plus data facts -> the model's own strict config."""
+    values = dict(section)
+    name = values.pop("name", "sasrec")
+    try:
+        cls = MODELS.get(str(name)).config_class
+    except KeyError as err:
+        raise ConfigError(str(err.args[0])) from None
+    for derived in ("num_items", "num_users"):
+        if derived in values:
+            raise ConfigError(f"model.{derived} comes from the data; remove it from the config")
+    return from_dict(cls, {**values, "num_items": num_items, "num_users": num_users}, "model")
+
+
+def build_model(config: ModelConfig) -> SequentialRecommender:
+    return MODELS.get(config.name)(config)
+
+
+def model_config_from_dict(raw: Mapping[str, Any]) -> ModelConfig:
+    """Rebuild a saved, fully resolved model config (``config.json``'s ``model`` section)."""
+    values = dict(raw)
+    name = str(values.pop("name"))
+    return from_dict(MODELS.get(name).config_class, values, "model")

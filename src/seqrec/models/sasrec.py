@@ -1,0 +1,252 @@
+"""SASRec: Self-Attentive Sequential Recommendation (Kang & McAuley, ICDM 2018).
+
+Paper: https://arxiv.org/abs/1808.09781 - reference code: github.com/kang205/SASRec
+(TensorFlow) and its PyTorch port github.com/pmixer/SASRec.pytorch.
+
+Every switch of the paper's ablation (Table IV) is a config field: positional embedding,
+shared vs unshared item embedding, residual connections, dropout, 0-3 blocks, heads, and the
+explicit user embedding r = (U_u + F_t) . M_i.
+
+Differences from the reference implementation, all deliberate:
+- Blocks are true pre-LayerNorm, g'(x) = x + Dropout(g(LN(x))) as the paper writes it; the
+  reference normalises only the queries and adds the residual to the normalised input.
+- Padded keys are masked out of attention (the reference only zeroes padded embeddings, so
+  real positions still attend to zero vectors at padded positions). Outputs at real
+  positions therefore do not depend on how much padding a batch has, which lets training
+  pad each batch only to its longest sequence.
+- Positions are counted from the right: the newest item always gets position
+  max_seq_len - 1, exactly as with the reference's left padding to max_seq_len.
+- The point-wise FFN uses nn.Linear where the reference uses a 1x1 Conv1d (same function).
+- Losses are computed only at real positions; ``loss: ce`` (full softmax cross-entropy, the
+  "SASRec+" of Klenitskiy & Vasilev 2023) and ``sampled_softmax`` are available besides the
+  paper's BCE with one uniformly sampled negative per position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
+from seqrec.config import ConfigError
+from seqrec.losses import SAMPLED_LOSSES, full_ce
+from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
+from seqrec.nn.attention import attention, attention_reference
+from seqrec.nn.dropout import Dropout
+from seqrec.nn.masks import attention_mask
+
+SASRecLoss = Literal["bce", "sampled_softmax", "ce"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SASRecConfig(ModelConfig):
+    name: ClassVar[str] = "sasrec"
+    hidden_size: int = 50  # d; the paper's default
+    num_layers: int = 2  # self-attention blocks b (0-3 in the ablation)
+    num_heads: int = 1
+    ffn_size: int | None = None  # inner width of the point-wise FFN; None = hidden_size (paper)
+    dropout: float = 0.2  # 0.2 on ML-1M, 0.5 on the sparse datasets in the paper
+    positional_embedding: bool = True
+    shared_embedding: bool = True  # False: a second item matrix N scores the output
+    residual: bool = True
+    scale_embedding: bool = True  # item embeddings * sqrt(d), as the reference code does
+    user_embedding: bool = False  # r = (U_u + F_t) . M_i
+    loss: SASRecLoss = "bce"
+    num_negatives: int = 1  # sampled negatives per position (bce, sampled_softmax)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hidden_size % max(self.num_heads, 1) != 0 or self.num_heads < 1:
+            raise ConfigError(
+                f"model.hidden_size {self.hidden_size} must be divisible by "
+                f"model.num_heads {self.num_heads} (>= 1)"
+            )
+        if self.num_layers < 0:
+            raise ConfigError(f"model.num_layers must be >= 0, got {self.num_layers}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.num_negatives < 1:
+            raise ConfigError(f"model.num_negatives must be >= 1, got {self.num_negatives}")
+        if self.user_embedding and self.num_users < 1:
+            raise ConfigError("model.user_embedding needs the number of users from the data")
+
+
+class SelfAttention(nn.Module):
+    """Multi-head causal self-attention with separate W^Q, W^K, W^V (fused in one Linear)."""
+
+    def __init__(self, config: SASRecConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(
+        self, x: Tensor, mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=-1)
+        # (B, L, D) -> (B, H, L, D / H)
+        q, k, v = (t.view(B, L, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        weights = None
+        if need_weights:  # the readable path, attention weights kept for analysis
+            y, weights = attention_reference(q, k, v, mask, self.dropout, self.training)
+        else:
+            y = attention(q, k, v, mask, self.dropout, self.training)
+        return self.proj(y.transpose(1, 2).reshape(B, L, D)), weights
+
+
+class FeedForward(nn.Module):
+    """F_i = ReLU(S_i W1 + b1) W2 + b2, the same weights at every position."""
+
+    def __init__(self, config: SASRecConfig) -> None:
+        super().__init__()
+        inner = config.ffn_size or config.hidden_size
+        self.fc1 = nn.Linear(config.hidden_size, inner)
+        self.fc2 = nn.Linear(inner, config.hidden_size)
+        self.dropout = Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.fc2(self.dropout(F.relu(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-LN: x + Attn(LN(x)), then x + FFN(LN(x)).
+
+    As in the reference code, the paper's Dropout(g(.)) lives inside g: on the attention
+    weights, and after each FFN layer.
+    """
+
+    def __init__(self, config: SASRecConfig) -> None:
+        super().__init__()
+        self.residual = config.residual
+        self.ln_attn = nn.LayerNorm(config.hidden_size)
+        self.attn = SelfAttention(config)
+        self.ln_ffn = nn.LayerNorm(config.hidden_size)
+        self.ffn = FeedForward(config)
+
+    def forward(
+        self, x: Tensor, mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        attended, weights = self.attn(self.ln_attn(x), mask, need_weights)
+        x = x + attended if self.residual else attended
+        fed = self.ffn(self.ln_ffn(x))
+        x = x + fed if self.residual else fed
+        return x, weights
+
+
+@register_model
+class SASRec(ScoringRecommender):
+    config_class = SASRecConfig
+    config: SASRecConfig
+
+    def __init__(self, config: SASRecConfig) -> None:
+        super().__init__(config)
+        D = config.hidden_size
+        self.item_emb = nn.Embedding(config.num_items + 1, D, padding_idx=PAD_ID)
+        self.pos_emb = nn.Embedding(config.max_seq_len, D) if config.positional_embedding else None
+        self.out_emb = (
+            None
+            if config.shared_embedding
+            else nn.Embedding(config.num_items + 1, D, padding_idx=PAD_ID)
+        )
+        self.user_emb = nn.Embedding(config.num_users, D) if config.user_embedding else None
+        self.emb_dropout = Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.ln_f = nn.LayerNorm(D)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # Xavier-normal for matrices as in the reference (pmixer: xavier_normal_ on every
+        # weight); LayerNorm keeps its ones/zeros; the padding row stays zero.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.xavier_normal_(module.weight)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+
+    @property
+    def num_negatives(self) -> int:
+        return 0 if self.config.loss == "ce" else self.config.num_negatives
+
+    @property
+    def uses_users(self) -> bool:
+        return self.config.user_embedding
+
+    def output_embedding(self) -> Tensor:
+        """(N + 1, D) the matrix that scores items: M (shared) or N (unshared)."""
+        return (self.out_emb or self.item_emb).weight
+
+    def encode(self, input_ids: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """(B, L) left-padded item ids -> (B, L, D) hidden states, plus per-layer attention
+        weights (B, H, L, L) when ``need_weights``."""
+        input_ids = input_ids[:, -self.config.max_seq_len :]
+        L = input_ids.size(1)
+        x = self.item_emb(input_ids)  # (B, L, D)
+        if self.config.scale_embedding:
+            x = x * self.config.hidden_size**0.5
+        if self.pos_emb is not None:
+            # Right-aligned positions: the newest item is always max_seq_len - 1.
+            positions = torch.arange(
+                self.config.max_seq_len - L, self.config.max_seq_len, device=x.device
+            )
+            x = x + self.pos_emb(positions)
+        real = input_ids != PAD_ID  # (B, L)
+        x = self.emb_dropout(x) * real.unsqueeze(-1)
+        mask = attention_mask(real, causal=True)  # (B, 1, L, L)
+        weights: list[Tensor] = []
+        for block in self.blocks:
+            x, w = block(x, mask, need_weights)
+            if w is not None:
+                weights.append(w)
+        return self.ln_f(x), weights
+
+    def _user_vector(self, users: Tensor | None, like: Tensor) -> Tensor | None:
+        if self.user_emb is None:
+            return None
+        if users is None:
+            raise ValueError("this SASRec has a user embedding: pass the user indices")
+        return self.user_emb(users)
+
+    def forward(self, batch: SeqBatch) -> ModelOutput:
+        if batch.labels is None:
+            raise ValueError("SASRec.forward needs batch.labels")
+        hidden, _ = self.encode(batch.input_ids)  # (B, L, D)
+        labels = batch.labels[:, -hidden.size(1) :]
+        real = labels != PAD_ID  # (B, L): only real positions carry a loss
+        user = self._user_vector(batch.users, hidden)
+        if user is not None:
+            hidden = hidden + user.unsqueeze(1)
+        # Gather the real positions once; index_select/embedding have cheap backward passes.
+        where = real.view(-1).nonzero().squeeze(1)  # (P,)
+        h = hidden.reshape(-1, hidden.size(-1)).index_select(0, where)  # (P, D)
+        targets = labels.reshape(-1).index_select(0, where).long()  # (P,)
+        items = self.output_embedding()
+        if self.config.loss == "ce":
+            logits = h @ items.T  # (P, N + 1)
+            logits[:, PAD_ID] = float("-inf")
+            loss = full_ce(logits, targets)
+        else:
+            if batch.negatives is None:
+                raise ValueError(f"SASRec loss {self.config.loss!r} needs batch.negatives")
+            negatives = batch.negatives[:, -hidden.size(1) :]
+            negatives = negatives.reshape(-1, negatives.size(-1)).index_select(0, where)  # (P, S)
+            pos_logits = (h * F.embedding(targets, items)).sum(-1)  # (P,)
+            neg_logits = torch.einsum("pd,psd->ps", h, F.embedding(negatives.long(), items))
+            loss = SAMPLED_LOSSES[self.config.loss](pos_logits, neg_logits)
+        return ModelOutput(loss=loss, hidden=hidden)
+
+    def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+        hidden, _ = self.encode(input_ids)
+        last = hidden[:, -1]  # (B, D); left padding puts the newest item last
+        user = self._user_vector(users, last)
+        if user is not None:
+            last = last + user
+        return last @ self.output_embedding().T  # (B, N + 1)

@@ -1,0 +1,110 @@
+"""A run directory: everything needed to resume training or to serve the model.
+
+    config.json       fully resolved experiment config (model section includes num_items)
+    id_map.json       original <-> internal ids
+    model.pt          the best weights (a state dict; loaded with weights_only=True)
+    checkpoint.pt     training state after the last completed epoch (resume)
+    metrics.jsonl     one JSON row per completed epoch
+    results.json      test metrics of the final model
+
+Every file is written atomically, so a crash at any moment leaves the previous version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqrec.config import ConfigError, ExperimentConfig, experiment_from_raw
+from seqrec.data.idmap import IdMap
+from seqrec.data.schema import DataError
+from seqrec.io import atomic_path, atomic_write_text
+from seqrec.models.base import SequentialRecommender, build_model, model_config_from_dict
+
+CONFIG = "config.json"
+ID_MAP = "id_map.json"
+WEIGHTS = "model.pt"
+STATE = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+RESULTS = "results.json"
+
+
+class RunDirError(ValueError):
+    """A run directory that is missing, incomplete or corrupt."""
+
+
+def save_torch(obj: Any, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def load_torch(path: Path) -> Any:
+    if not path.is_file():
+        raise RunDirError(f"{path} is missing")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a truncated or foreign file
+        raise RunDirError(f"{path} is corrupt or not a seqrec file: {err}") from None
+
+
+def save_json(obj: Any, path: Path) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_metrics(rows: list[dict[str, Any]], run_dir: Path) -> None:
+    atomic_write_text(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    config: ExperimentConfig
+    resolved: dict[str, Any]  # config.json as written (includes data facts)
+    model: SequentialRecommender
+    id_map: IdMap
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} does not exist")
+    path = run_dir / CONFIG
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} is not a seqrec run directory (no {CONFIG})")
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as err:
+        raise RunDirError(f"{path} is corrupt: {err}") from None
+    if not isinstance(raw, dict) or "model" not in raw:
+        raise RunDirError(f"{path} is not a seqrec config")
+    return raw
+
+
+def load_run(run_dir: str | Path, weights: str = WEIGHTS) -> LoadedRun:
+    """Rebuild the trained model of a run directory (on CPU) with its config and id map."""
+    run_dir = Path(run_dir)
+    raw = read_config(run_dir)
+    try:
+        config = experiment_from_raw({k: raw[k] for k in ("data", "train", "eval") if k in raw})
+        model_config = model_config_from_dict(raw["model"])
+    except (ConfigError, KeyError) as err:
+        raise RunDirError(f"{run_dir / CONFIG}: {err}") from None
+    model = build_model(model_config)
+    state = load_torch(run_dir / weights)
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise RunDirError(
+            f"{run_dir / weights} does not fit the model in {CONFIG}: {err}"
+        ) from None
+    try:
+        id_map = IdMap.load(run_dir / ID_MAP)
+    except DataError as err:
+        raise RunDirError(str(err)) from None
+    model.eval()
+    config = ExperimentConfig(
+        data=config.data, model=model_config.to_dict(), train=config.train, eval=config.eval
+    )
+    return LoadedRun(config=config, resolved=raw, model=model, id_map=id_map)

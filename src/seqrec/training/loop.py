@@ -1,0 +1,295 @@
+"""One model-agnostic training loop: epochs, validation, early stopping, crash-safe resume.
+
+The loop calls ``model(batch).loss`` and the evaluator; it knows nothing about any model.
+Every epoch draws its randomness (batch order, negatives, dropout) from seeds derived from
+(train.seed, epoch), and the checkpoint written after each epoch holds the optimizer state,
+so a resumed run continues exactly where an uninterrupted one would be.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from seqrec.batch import SeqBatch
+from seqrec.config import ConfigError, ExperimentConfig, TrainConfig
+from seqrec.data.batches import TrainBatches
+from seqrec.data.sequences import PreparedData
+from seqrec.evaluation import evaluate
+from seqrec.models.base import SequentialRecommender
+from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
+
+logger = logging.getLogger(__name__)
+
+EpochCallback = Callable[[dict[str, Any]], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: cuda was asked for but no CUDA device is available")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def epoch_seeds(seed: int, epoch: int) -> tuple[np.random.Generator, int]:
+    """Independent, reproducible randomness for one epoch: a NumPy generator and a torch seed."""
+    sequence = np.random.SeedSequence([seed, epoch])
+    return np.random.default_rng(sequence), int(sequence.generate_state(1, np.uint64)[0] >> 1)
+
+
+@dataclass
+class EpochStats:
+    loss: float
+    seconds: float
+    targets: int  # positions with a loss
+
+    @property
+    def targets_per_second(self) -> float:
+        return self.targets / self.seconds if self.seconds > 0 else float("nan")
+
+
+def train_one_epoch(
+    model: SequentialRecommender,
+    batches: Iterable[SeqBatch],
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    device: torch.device,
+    grad_clip: float | None = None,
+    bf16: bool = False,
+    progress: tqdm[Any] | None = None,
+) -> EpochStats:
+    """One pass over ``batches``; returns the mean loss over positions."""
+    model.train()
+    start = time.perf_counter()
+    total_loss, total_targets = 0.0, 0
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    for batch in batches:
+        batch = batch.to(device)
+        with autocast:
+            loss = model(batch).loss
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+        n = batch.num_targets
+        total_loss += float(loss.detach()) * n
+        total_targets += n
+        if progress is not None:
+            progress.update(1)
+            elapsed = time.perf_counter() - start
+            progress.set_postfix(
+                loss=f"{total_loss / max(total_targets, 1):.4f}",
+                targets_per_s=f"{total_targets / max(elapsed, 1e-9):,.0f}",
+            )
+    if not math.isfinite(total_loss):
+        raise FloatingPointError("training loss is not finite; lower train.lr or check the data")
+    return EpochStats(
+        total_loss / max(total_targets, 1), time.perf_counter() - start, total_targets
+    )
+
+
+def log_epoch(row: dict[str, Any]) -> None:
+    """The default epoch callback: one readable log line."""
+    parts = [f"epoch {row['epoch']}", f"loss {row['loss']:.4f}", f"{row['epoch_seconds']:.1f} s"]
+    parts += [f"{k} {v:.4f}" for k, v in row.items() if k in ("valid_NDCG@10", "valid_HR@10")]
+    logger.info("%s", "  ".join(parts))
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer | None:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:  # e.g. PopRec, which learns by counting
+        return None
+    optimizer = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    return optimizer(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint holds besides the weights; restored on resume."""
+
+    epoch: int = 0  # completed epochs
+    best_metric: float = -math.inf
+    best_epoch: int = 0
+    epochs_without_improvement: int = 0
+    finished: bool = False
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    best_epoch: int
+    best_metric: float
+    epochs: int
+    history: list[dict[str, Any]]
+    train_seconds: float
+
+
+class Trainer:
+    """Fits a model on prepared data; with a run directory it checkpoints every epoch."""
+
+    def __init__(
+        self,
+        model: SequentialRecommender,
+        data: PreparedData,
+        config: ExperimentConfig,
+        run_dir: Path | None = None,
+        on_epoch_end: EpochCallback | None = None,
+    ) -> None:
+        self.model = model
+        self.data = data
+        self.config = config
+        self.run_dir = run_dir
+        self.on_epoch_end = on_epoch_end or log_epoch
+        self.device = resolve_device(config.train.device)
+        if config.train.num_threads is not None:
+            torch.set_num_threads(config.train.num_threads)
+        self.model.to(self.device)
+        self.optimizer = build_optimizer(model, config.train)
+        self.batches = TrainBatches(
+            sequences=data.split.train,
+            users=data.split.train_users,
+            num_items=data.num_items,
+            max_seq_len=model.config.max_seq_len,
+            batch_size=config.train.batch_size,
+            num_negatives=model.num_negatives,
+        )
+        self.state = TrainingState()
+        self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
+        self._check_monitor()
+
+    def _check_monitor(self) -> None:
+        names = [f"{m}@{k}" for k in self.config.eval.ks for m in ("HR", "NDCG", "MRR", "Recall")]
+        if self.config.train.monitor not in names:
+            raise ConfigError(
+                f"train.monitor {self.config.train.monitor!r} is not a computed metric; "
+                f"valid: {', '.join(names)}"
+            )
+
+    def validate(self) -> dict[str, float]:
+        result = evaluate(
+            self.model,
+            self.data.split.valid,
+            self.config.eval,
+            all_sequences=self.data.sequences,
+            num_items=self.data.num_items,
+            item_counts=self.data.item_counts(),
+            device=self.device,
+            split="valid",
+        )
+        return result.metrics
+
+    def resume(self) -> bool:
+        """Load the last completed epoch from the run directory; False when there is none."""
+        if self.run_dir is None or not (self.run_dir / STATE).is_file():
+            return False
+        saved = load_torch(self.run_dir / STATE)
+        self.model.load_state_dict(saved["model"])
+        self.best_weights = saved["best_model"]
+        if self.optimizer is not None and saved["optimizer"] is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        self.state = TrainingState(**saved["state"])
+        torch.set_rng_state(saved["rng"]["torch"])
+        logger.info("resumed from %s after epoch %d", self.run_dir, self.state.epoch)
+        return True
+
+    def _checkpoint(self, numpy_rng: np.random.Generator) -> None:
+        if self.run_dir is None:
+            return
+        save_torch(
+            {
+                "model": self.model.state_dict(),
+                "best_model": self.best_weights,
+                "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+                "state": self.state.to_dict(),
+                "rng": {"torch": torch.get_rng_state(), "numpy": numpy_rng.bit_generator.state},
+            },
+            self.run_dir / STATE,
+        )
+        write_metrics(self.state.history, self.run_dir)
+
+    def _record(self, epoch: int, stats: EpochStats, metrics: dict[str, float] | None) -> None:
+        row: dict[str, Any] = {
+            "epoch": epoch,
+            "loss": stats.loss,
+            "epoch_seconds": round(stats.seconds, 3),
+            "targets_per_second": round(stats.targets_per_second, 1),
+        }
+        if metrics is not None:
+            row.update({f"valid_{k}": v for k, v in metrics.items()})
+            value = metrics[self.config.train.monitor]
+            if value > self.state.best_metric:
+                self.state.best_metric, self.state.best_epoch = value, epoch
+                self.state.epochs_without_improvement = 0
+                self.best_weights = copy.deepcopy(self.model.state_dict())
+            else:
+                self.state.epochs_without_improvement += self.config.train.eval_every
+        self.state.epoch = epoch
+        self.state.history.append(row)
+        self.on_epoch_end(row)
+
+    def fit(self) -> FitResult:
+        train = self.config.train
+        started = time.perf_counter()
+        while not self.state.finished and self.state.epoch < train.max_epochs:
+            epoch = self.state.epoch + 1
+            numpy_rng, torch_seed = epoch_seeds(train.seed, epoch)
+            torch.manual_seed(torch_seed)
+            with tqdm(
+                total=len(self.batches),
+                desc=f"epoch {epoch}",
+                disable=not train.progress,
+                leave=False,
+                mininterval=1.0,
+            ) as bar:
+                stats = train_one_epoch(
+                    self.model,
+                    self.batches.epoch(numpy_rng),
+                    self.optimizer,
+                    device=self.device,
+                    grad_clip=train.grad_clip,
+                    bf16=train.precision == "bf16",
+                    progress=bar,
+                )
+            validate = epoch % train.eval_every == 0 or epoch == train.max_epochs
+            self._record(epoch, stats, self.validate() if validate else None)
+            if self.state.epochs_without_improvement >= train.patience:
+                logger.info(
+                    "early stop: %s did not improve for %d epochs", train.monitor, train.patience
+                )
+                self.state.finished = True
+            if epoch == train.max_epochs:
+                self.state.finished = True
+            self._checkpoint(numpy_rng)
+        self.model.load_state_dict(self.best_weights)
+        if self.run_dir is not None:
+            save_torch(self.best_weights, self.run_dir / WEIGHTS)
+        return FitResult(
+            best_epoch=self.state.best_epoch,
+            best_metric=self.state.best_metric,
+            epochs=self.state.epoch,
+            history=self.state.history,
+            train_seconds=time.perf_counter() - started,
+        )

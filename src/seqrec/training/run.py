@@ -1,0 +1,171 @@
+"""Experiments end to end: prepare data, build the model, fit, evaluate on test, save.
+
+This is what ``seqrec train`` and ``seqrec evaluate`` call; the CLI only parses arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seqrec import __version__
+from seqrec.config import (
+    ConfigError,
+    EvalConfig,
+    ExperimentConfig,
+    SplitChoice,
+    experiment_from_raw,
+)
+from seqrec.data.prepare import prepare
+from seqrec.data.sequences import PreparedData
+from seqrec.evaluation import EvalResult, evaluate
+from seqrec.models.base import SequentialRecommender, build_model, build_model_config
+from seqrec.training.checkpoint import (
+    CONFIG,
+    ID_MAP,
+    RESULTS,
+    STATE,
+    LoadedRun,
+    RunDirError,
+    load_run,
+    read_config,
+    save_json,
+)
+from seqrec.training.loop import EpochCallback, FitResult, Trainer, resolve_device, seed_everything
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    fit: FitResult
+    test: EvalResult
+    data: PreparedData
+    model: SequentialRecommender
+
+
+def _resolved(
+    config: ExperimentConfig, model: SequentialRecommender, data: PreparedData
+) -> dict[str, Any]:
+    resolved = config.to_dict()
+    resolved["model"] = model.config.to_dict()
+    resolved["dataset"] = {"name": data.name, "source": data.source}
+    resolved["seqrec_version"] = __version__
+    return resolved
+
+
+def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, Any]) -> None:
+    saved = read_config(run_dir)
+    for section in ("data", "model", "train", "eval"):
+        if saved.get(section) != resolved[section]:
+            theirs, ours = saved.get(section) or {}, resolved[section]
+            keys = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+            raise ConfigError(
+                f"--resume: the config differs from the one {run_dir} was started with "
+                f"({', '.join(f'{section}.{k}' for k in keys)}); resume without --config/--set, "
+                "or start a new --out"
+            )
+
+
+def config_for_resume(run_dir: Path) -> ExperimentConfig:
+    """The experiment config a run directory was started with."""
+    raw = read_config(run_dir)
+    config = experiment_from_raw({k: raw[k] for k in ("data", "train", "eval")})
+    model = {k: v for k, v in raw["model"].items() if k not in ("num_items", "num_users")}
+    return dataclasses.replace(config, model=model)
+
+
+def train_experiment(
+    config: ExperimentConfig,
+    run_dir: Path,
+    *,
+    data_dir: str | Path | None = None,
+    resume: bool = False,
+    on_epoch_end: EpochCallback | None = None,
+) -> TrainOutcome:
+    """Train ``config`` into ``run_dir`` (or continue it, ``resume``); test the best model."""
+    started = (run_dir / CONFIG).is_file() or (run_dir / STATE).is_file()
+    if started and not resume:
+        raise RunDirError(
+            f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out"
+        )
+    data = prepare(config.data, data_dir)
+    seed_everything(config.train.seed)
+    model_config = build_model_config(
+        config.model, num_items=data.num_items, num_users=data.num_users
+    )
+    model = build_model(model_config)
+    resolved = _resolved(config, model, data)
+    if started:
+        _check_resume(run_dir, config, resolved)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_json(resolved, run_dir / CONFIG)
+        data.id_map.save(run_dir / ID_MAP)
+    trainer = Trainer(model, data, config, run_dir, on_epoch_end)
+    if resume and not trainer.resume():
+        logger.info("--resume: %s has no completed epoch yet; starting from epoch 1", run_dir)
+    fit = trainer.fit()
+    test = evaluate_model(model, data, config.eval, split="test", device=str(trainer.device))
+    save_json(
+        {
+            "best_epoch": fit.best_epoch,
+            "epochs": fit.epochs,
+            f"valid_{config.train.monitor}": fit.best_metric,
+            **test.flat(),
+        },
+        run_dir / RESULTS,
+    )
+    return TrainOutcome(fit=fit, test=test, data=data, model=model)
+
+
+def evaluate_model(
+    model: SequentialRecommender,
+    data: PreparedData,
+    config: EvalConfig,
+    *,
+    split: SplitChoice = "test",
+    device: str = "cpu",
+) -> EvalResult:
+    eval_set = data.split.test if split == "test" else data.split.valid
+    return evaluate(
+        model,
+        eval_set,
+        config,
+        all_sequences=data.sequences,
+        num_items=data.num_items,
+        item_counts=data.item_counts(),
+        device=device,
+        split=split,
+    )
+
+
+def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> PreparedData:
+    """The prepared data a run was trained on; refuses data whose ids differ from the run's."""
+    data = prepare(run.config.data, data_dir)
+    if data.id_map.items != run.id_map.items or data.id_map.users != run.id_map.users:
+        raise RunDirError(
+            "the prepared data does not match the run's id map (the dataset or its "
+            "preprocessing changed since training); evaluate with the data it was trained on"
+        )
+    return data
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    *,
+    split: SplitChoice = "test",
+    overrides: dict[str, Any] | None = None,
+    data_dir: str | Path | None = None,
+    device: str = "auto",
+) -> tuple[EvalResult, LoadedRun]:
+    """Evaluate a trained run directory; ``overrides`` replace fields of its eval config."""
+    run = load_run(run_dir)
+    eval_config = dataclasses.replace(run.config.eval, **(overrides or {}))
+    data = data_for_run(run, data_dir)
+    target = resolve_device(device)
+    run.model.to(target)
+    return evaluate_model(run.model, data, eval_config, split=split, device=str(target)), run

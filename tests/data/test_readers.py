@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from seqrec.data.readers import ColumnMap, detect_format, read_interactions
+from seqrec.data.schema import DataError
+
+
+def write(path: Path, text: str) -> Path:
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def rows(df: pl.DataFrame) -> list[tuple[object, ...]]:
+    return list(df.iter_rows())
+
+
+def test_sequences_one_row_per_item_in_file_order(tmp_path: Path) -> None:
+    path = write(tmp_path / "seq.txt", "2 30 10 20\n1 10 30\n")
+    df = read_interactions(path)
+    assert df.columns == ["user_id", "item_id"]
+    assert df.schema["user_id"] == pl.String
+    assert df.schema["item_id"] == pl.String
+    assert rows(df) == [("2", "30"), ("2", "10"), ("2", "20"), ("1", "10"), ("1", "30")]
+
+
+def test_sequences_tolerate_tabs_runs_of_spaces_crlf_and_blank_lines(tmp_path: Path) -> None:
+    path = write(tmp_path / "seq.txt", "\n2\t30  10 \r\n\n1 10 30\r\n\n")
+    assert rows(read_interactions(path, "sequences")) == [
+        ("2", "30"),
+        ("2", "10"),
+        ("1", "10"),
+        ("1", "30"),
+    ]
+
+
+def test_gzip_is_read_transparently(tmp_path: Path) -> None:
+    text = "1 5 6 7\n2 6 5\n"
+    plain = read_interactions(write(tmp_path / "a.txt", text))
+    packed = read_interactions(write(tmp_path / "b.txt.gz", text))
+    assert plain.equals(packed)
+
+
+def test_pairs_are_detected_and_read(tmp_path: Path) -> None:
+    path = write(tmp_path / "Video.txt.gz", "1 5\n1 6\n2 5\n")
+    assert detect_format(path) == "pairs"
+    assert rows(read_interactions(path)) == [("1", "5"), ("1", "6"), ("2", "5")]
+
+
+def test_txt_with_longer_lines_is_sequences(tmp_path: Path) -> None:
+    assert detect_format(write(tmp_path / "x.txt", "1 5\n2 5 6\n")) == "sequences"
+
+
+def test_movielens_ratings_dat(tmp_path: Path) -> None:
+    path = write(tmp_path / "ratings.dat", "1::1193::5::978300760\n1::661::3::978302109\n")
+    df = read_interactions(path)
+    assert df.schema == pl.Schema(
+        {"user_id": pl.String, "item_id": pl.String, "timestamp": pl.Int64, "rating": pl.Float64}
+    )
+    assert rows(df) == [("1", "1193", 978300760, 5.0), ("1", "661", 978302109, 3.0)]
+
+
+def test_movielens_u_data_is_tab_separated(tmp_path: Path) -> None:
+    path = write(tmp_path / "u.data.gz", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n")
+    assert detect_format(path) == "movielens"
+    assert rows(read_interactions(path)) == [
+        ("196", "242", 881250949, 3.0),
+        ("186", "302", 891717742, 3.0),
+    ]
+
+
+def test_malformed_pair_line_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "bad.txt", "1 5\n1 6\n\n2 5 7 8 9 1 1\n2 5 7\n")
+    with pytest.raises(
+        DataError, match=r"bad\.txt:4: malformed line '2 5 7 8 9 1 1'; expected `us"
+    ):
+        read_interactions(path, "pairs")
+
+
+def test_sequence_line_without_items_is_malformed(tmp_path: Path) -> None:
+    path = write(tmp_path / "seq.txt", "1 5 6\n2\n")
+    with pytest.raises(DataError, match=r"seq\.txt:2: malformed line '2'; expected `user item"):
+        read_interactions(path, "sequences")
+
+
+def test_movielens_bad_timestamp_names_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "ratings.dat", "1::2::5::100\n1::3::4::soon\n")
+    with pytest.raises(DataError, match=r"ratings\.dat:2: malformed line.*integer timestamp"):
+        read_interactions(path)
+
+
+def test_movielens_wrong_field_count_names_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "ratings.dat", "1::2::5::100\n1::3::4\n")
+    with pytest.raises(DataError, match=r"ratings\.dat:2: malformed line '1::3::4'.*4 fields"):
+        read_interactions(path)
+
+
+CSV = "uid,iid,when,stars\nu1,i1,2020-01-01T00:00:00,4.5\nu1,i2,2020-01-02T00:00:00,3\n"
+
+
+def test_csv_with_column_mapping_and_iso_timestamps(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.csv", CSV)
+    df = read_interactions(path, "auto", ColumnMap("uid", "iid", "when", "stars"))
+    assert rows(df) == [("u1", "i1", 1577836800, 4.5), ("u1", "i2", 1577923200, 3.0)]
+
+
+def test_tsv_and_parquet_read_like_csv(tmp_path: Path) -> None:
+    columns = ColumnMap("uid", "iid", "ts")
+    tsv = write(tmp_path / "log.tsv.gz", "uid\tiid\tts\n7\t8\t100\n7\t9\t99\n")
+    from_tsv = read_interactions(tsv, "auto", columns)
+    frame = pl.DataFrame({"uid": [7, 7], "iid": [8, 9], "ts": [100, 99]})
+    frame.write_parquet(tmp_path / "log.parquet")
+    from_parquet = read_interactions(tmp_path / "log.parquet", "auto", columns)
+    assert rows(from_tsv) == rows(from_parquet) == [("7", "8", 100), ("7", "9", 99)]
+
+
+def test_wrong_column_name_lists_the_file_columns(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.csv", CSV)
+    with pytest.raises(DataError, match=r"no column\(s\) 'user_id'.*has columns 'uid', 'iid'"):
+        read_interactions(path, "csv", ColumnMap(item="iid"))
+
+
+def test_csv_ragged_line_names_line(tmp_path: Path) -> None:
+    too_many = write(tmp_path / "a.csv", "user_id,item_id\n1,2\n1,3,9\n")
+    with pytest.raises(DataError, match=r"a\.csv:3: malformed line; expected 2 fields"):
+        read_interactions(too_many)
+    too_few = write(tmp_path / "b.csv", "user_id,item_id\n1,2\n1\n")
+    with pytest.raises(DataError, match=r"b\.csv:3: malformed line; expected 2 fields"):
+        read_interactions(too_few)
+
+
+def test_bad_timestamp_value_is_reported(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", "user_id,item_id,ts\n1,2,100\n1,3,yesterday\n")
+    with pytest.raises(DataError, match=r"'yesterday', which is not a timestamp"):
+        read_interactions(path, "csv", ColumnMap(timestamp="ts"))
+
+
+@pytest.mark.parametrize("name", ["empty.txt", "empty.csv", "empty.txt.gz", "ratings.dat"])
+def test_empty_file(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path / name, "  \n\n")
+    with pytest.raises(DataError, match=r"is empty"):
+        read_interactions(path, "sequences" if name.endswith(".txt") else "auto")
+
+
+def test_header_only_csv(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", "user_id,item_id\n")
+    with pytest.raises(DataError, match=r"has a header but no rows"):
+        read_interactions(path)
+
+
+@pytest.mark.parametrize("name", ["nope.txt", "nope.csv", "nope.parquet", "u.data"])
+def test_missing_file(tmp_path: Path, name: str) -> None:
+    with pytest.raises(DataError, match=r"does not exist"):
+        read_interactions(tmp_path / name, "sequences" if name.endswith(".txt") else "auto")
+
+
+def test_unknown_extension_asks_for_a_format(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"set data.format to one of csv, tsv, parquet"):
+        read_interactions(write(tmp_path / "log.json", "{}"))
+
+
+def test_corrupt_gzip_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "seq.txt.gz"
+    path.write_bytes(gzip.compress(b"1 2 3\n")[:-6])
+    with pytest.raises(DataError, match=r"cannot read .*seq\.txt\.gz"):
+        read_interactions(path, "sequences")
