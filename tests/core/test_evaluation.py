@@ -1,0 +1,135 @@
+"""The evaluator on hand-made data with a model whose scores we choose."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from torch import Tensor
+
+from seqrec.batch import ModelOutput, SeqBatch
+from seqrec.config import EvalConfig
+from seqrec.data.idmap import IdMap
+from seqrec.data.sequences import EvalSet, Sequences
+from seqrec.evaluation import NegativeSampler, evaluate, export_ranks
+from seqrec.models.base import ModelConfig, ScoringRecommender
+
+N = 9
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedConfig(ModelConfig):
+    name: ClassVar[str] = "fixed-scores-test-model"  # never registered
+
+
+class FixedScores(ScoringRecommender):
+    """Scores item i as ``weights[i]`` for every user: ranks are known in advance."""
+
+    config_class = FixedConfig
+
+    def __init__(self, weights: Tensor) -> None:
+        super().__init__(FixedConfig(num_items=N, max_seq_len=4))
+        self.weights = weights
+
+    def forward(self, batch: SeqBatch) -> ModelOutput:
+        raise NotImplementedError
+
+    def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+        return self.weights.unsqueeze(0).expand(input_ids.size(0), -1).clone()
+
+
+# item i scores i: item 9 is best, item 1 worst; column 0 (padding) would be best if counted
+WEIGHTS = torch.tensor([100.0, *range(1, N + 1)])
+HISTORIES = Sequences.from_lists([[9, 8], [1], [2, 3, 4, 5, 6, 7], [8]])
+TARGETS = np.array([7, 9, 1, 8], dtype=np.int32)  # the last user's target is in its history
+EVAL_SET = EvalSet(np.arange(4, dtype=np.int64), HISTORIES, TARGETS)
+ALL = Sequences.from_lists([[9, 8, 7], [1, 9], [2, 3, 4, 5, 6, 7, 1], [8, 8]])
+
+
+def run(config: EvalConfig, weights: Tensor = WEIGHTS) -> np.ndarray:
+    result = evaluate(FixedScores(weights), EVAL_SET, config, all_sequences=ALL, num_items=N)
+    return result.ranks
+
+
+def test_full_ranking_with_and_without_filter_seen() -> None:
+    # user 0: history {9, 8} removed, 7 is best of the rest -> rank 1
+    # user 1: 9 best -> 1; user 2: history {2..7} removed, 1 is worst of {1, 8, 9} -> 3
+    # user 3: target 8 is seen and filtered -> ranked last (9)
+    assert run(EvalConfig()).tolist() == [1, 1, 3, 9]
+    assert run(EvalConfig(filter_seen=False)).tolist() == [3, 1, 9, 2]
+
+
+def test_ties_are_pessimistic() -> None:
+    assert run(EvalConfig(filter_seen=False), torch.ones(N + 1)).tolist() == [N] * 4
+
+
+def test_metrics_and_flat_json_keys() -> None:
+    result = evaluate(
+        FixedScores(WEIGHTS), EVAL_SET, EvalConfig(ks=(1, 5)), all_sequences=ALL, num_items=N
+    )
+    assert result.metrics["HR@1"] == 0.5
+    assert result.metrics["HR@5"] == 0.75
+    flat = result.flat()
+    assert {"NDCG@5", "HR@1", "MRR@5", "Recall@5", "protocol", "split", "num_users"} <= set(flat)
+    assert "full ranking" in str(flat["protocol"])
+
+
+def test_chunking_does_not_change_ranks() -> None:
+    assert run(EvalConfig(batch_size=1)).tolist() == run(EvalConfig(batch_size=3)).tolist()
+
+
+def test_sampled_negatives_are_unseen_unique_and_seeded() -> None:
+    users = np.arange(4, dtype=np.int64)
+    sampler = NegativeSampler(ALL, N, None, seed=0)
+    negatives = sampler.sample(users, 5)
+    for u in range(4):
+        row = [i for i in negatives[u].tolist() if i != 0]
+        seen = set(ALL[u].tolist())
+        assert not seen & set(row)
+        assert len(row) == len(set(row)) == min(5, N - len(seen))
+    again = NegativeSampler(ALL, N, None, seed=0).sample(users, 5)
+    assert torch.equal(negatives, again)
+
+
+def test_popularity_sampling_prefers_popular_items() -> None:
+    big = Sequences.from_lists([[1]] * 2000)
+    weights = torch.tensor([0.0, 0, 1, 1, 1, 1, 1, 1, 1, 50])  # item 9 is 50x more popular
+    drawn = NegativeSampler(big, N, weights, seed=1).sample(np.arange(2000, dtype=np.int64), 1)
+    share = (drawn == 9).float().mean().item()
+    assert share > 0.8  # 50 / (50 + 7) = 0.88 in expectation
+
+
+def test_sampled_protocol_ranks_among_the_candidates() -> None:
+    ranks = run(EvalConfig(protocol="sampled", num_negatives=3))
+    # user 1 target is item 9, the best item: rank 1 whatever the negatives
+    assert ranks[1] == 1
+    # user 2 target is item 1, the worst: last among 1 + its unseen negatives ({8, 9})
+    assert ranks[2] == 3
+    assert (ranks >= 1).all()
+    assert (ranks <= 4).all()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_export_ranks_uses_original_ids(tmp_path, suffix: str) -> None:  # type: ignore[no-untyped-def]
+    result = evaluate(FixedScores(WEIGHTS), EVAL_SET, EvalConfig(), all_sequences=ALL, num_items=N)
+    id_map = IdMap(users=["u0", "u1", "u2", "u3"], items=[f"i{k}" for k in range(1, N + 1)])
+    path = tmp_path / f"ranks{suffix}"
+    export_ranks(result, id_map, path)
+    frame = pl.read_csv(path) if suffix == ".csv" else pl.read_parquet(path)
+    assert frame.columns == ["user_id", "target", "rank"]
+    assert frame["user_id"].to_list() == ["u0", "u1", "u2", "u3"]
+    assert frame["target"].to_list() == ["i7", "i9", "i1", "i8"]
+    assert frame["rank"].to_list() == [1, 1, 3, 9]
+    with pytest.raises(ValueError, match="use a .csv or .parquet"):
+        export_ranks(result, id_map, tmp_path / "ranks.txt")
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_export_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EvalConfig().protocol = "sampled"  # type: ignore[misc]

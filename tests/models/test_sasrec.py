@@ -1,0 +1,151 @@
+"""SASRec properties: causality, padding invariance, every ablation switch, losses by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqrec.batch import PAD_ID, SeqBatch
+from seqrec.models.sasrec import SASRec, SASRecConfig
+from tests.tiny import NUM_ITEMS, NUM_USERS, L
+
+CONFIG = SASRecConfig(
+    num_items=NUM_ITEMS, num_users=NUM_USERS, max_seq_len=L, hidden_size=18, num_heads=2
+)
+
+
+def build(**changes: object) -> SASRec:
+    torch.manual_seed(0)
+    return SASRec(dataclasses.replace(CONFIG, **changes)).eval()
+
+
+def test_causal_future_items_do_not_change_the_past(batch: SeqBatch) -> None:
+    model = build()
+    t = 4
+    changed = batch.input_ids.clone()
+    changed[:, t:] = torch.randint(1, NUM_ITEMS + 1, changed[:, t:].shape)
+    before, _ = model.encode(batch.input_ids)
+    after, _ = model.encode(changed)
+    real = (batch.input_ids != PAD_ID)[:, :t]
+    torch.testing.assert_close(before[:, :t][real], after[:, :t][real])
+    assert not torch.allclose(before[:, t:], after[:, t:])  # the future itself did change
+
+
+def test_padding_invariance_extra_left_padding_changes_nothing(batch: SeqBatch) -> None:
+    model = build()
+    padded = F.pad(batch.input_ids, (3, 0), value=PAD_ID)[:, -L:]  # shift right by 3 columns
+    short = batch.input_ids[:, 3:]  # the same rows, 3 fewer columns (row 0 loses items)
+    rows = (batch.input_ids[:, :3] == PAD_ID).all(dim=1)  # rows with >= 3 padding columns
+    torch.testing.assert_close(model.score(short)[rows], model.score(batch.input_ids)[rows])
+    assert padded.shape == batch.input_ids.shape
+
+
+def test_padding_tokens_do_not_influence_real_positions(batch: SeqBatch) -> None:
+    """Padded positions are masked keys: what sits there is irrelevant."""
+    model = build()
+    scores = model.score(batch.input_ids)
+    garbage = batch.input_ids.clone()
+    pad = garbage == PAD_ID
+    hidden, _ = model.encode(garbage)
+    # Replace the embedding of padding by a random vector: outputs at the end must not move.
+    with torch.no_grad():
+        model.item_emb.weight[PAD_ID] = torch.randn(CONFIG.hidden_size)
+    assert pad.any()
+    torch.testing.assert_close(model.score(batch.input_ids)[:, 1:], scores[:, 1:])
+    assert hidden.shape == (*batch.input_ids.shape, CONFIG.hidden_size)
+
+
+def test_positions_are_counted_from_the_right(batch: SeqBatch) -> None:
+    """The newest item gets position max_seq_len - 1 whatever the batch width."""
+    model = build()
+    row = batch.input_ids[1:2]  # 3 real items
+    narrow = row[:, -3:]
+    torch.testing.assert_close(model.score(narrow), model.score(row))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"positional_embedding": False},
+        {"shared_embedding": False},
+        {"residual": False},
+        {"num_layers": 0},
+        {"num_layers": 3},
+        {"num_heads": 1},
+        {"user_embedding": True},
+        {"scale_embedding": False},
+        {"loss": "ce"},
+        {"loss": "sampled_softmax"},
+        {"ffn_size": 37},
+    ],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
+)
+def test_every_ablation_switch_builds_trains_and_scores(
+    changes: dict[str, object], batch: SeqBatch
+) -> None:
+    model = build(**changes).train()
+    loss = model(batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    scores = model.eval().score(batch.input_ids, batch.users)
+    assert scores.shape == (batch.input_ids.size(0), NUM_ITEMS + 1)
+
+
+def test_switches_change_the_parameter_set() -> None:
+    names = lambda m: {n.split(".")[0] for n, _ in m.named_parameters()}  # noqa: E731
+    assert "pos_emb" not in names(build(positional_embedding=False))
+    assert "out_emb" in names(build(shared_embedding=False))
+    assert "user_emb" in names(build(user_embedding=True))
+    assert "blocks" not in names(build(num_layers=0))
+
+
+def test_user_embedding_needs_users(batch: SeqBatch) -> None:
+    model = build(user_embedding=True)
+    with pytest.raises(ValueError, match="user embedding"):
+        model.score(batch.input_ids)
+
+
+def test_bce_loss_matches_the_paper_formula(batch: SeqBatch) -> None:
+    model = build(num_negatives=1)
+    one_negative = dataclasses.replace(batch, negatives=batch.negatives[..., :1])
+    hidden, _ = model.encode(batch.input_ids)
+    real = batch.labels != PAD_ID
+    emb = model.item_emb.weight
+    pos = (hidden * emb[batch.labels]).sum(-1)[real]
+    neg = (hidden * emb[one_negative.negatives[..., 0]]).sum(-1)[real]
+    expected = -(F.logsigmoid(pos) + F.logsigmoid(-neg)).mean()
+    torch.testing.assert_close(model(one_negative).loss, expected)
+
+
+def test_ce_loss_is_softmax_over_the_catalogue(batch: SeqBatch) -> None:
+    model = build(loss="ce")
+    hidden, _ = model.encode(batch.input_ids)
+    real = batch.labels != PAD_ID
+    logits = hidden[real] @ model.item_emb.weight[1:].T  # padding column excluded
+    expected = F.cross_entropy(logits, batch.labels[real] - 1)
+    torch.testing.assert_close(model(batch).loss, expected)
+
+
+def test_attention_weights_are_causal_distributions(batch: SeqBatch) -> None:
+    model = build()
+    hidden, weights = model.encode(batch.input_ids, need_weights=True)
+    fast, none = model.encode(batch.input_ids)
+    torch.testing.assert_close(hidden, fast)  # the readable path computes the same thing
+    assert none == []
+    assert len(weights) == CONFIG.num_layers
+    for w in weights:
+        assert w.shape == (batch.input_ids.size(0), CONFIG.num_heads, L, L)
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+        assert (w.triu(diagonal=1) == 0).all()  # no weight on the future
+        real = batch.input_ids != PAD_ID
+        keys_padded = ~real[:, None, None, :] & real[:, None, :, None]
+        assert (w[keys_padded.expand_as(w)] == 0).all()  # real queries ignore padding
+
+
+def test_truncates_to_the_most_recent_items(batch: SeqBatch) -> None:
+    model = build(max_seq_len=4)
+    torch.testing.assert_close(model.score(batch.input_ids), model.score(batch.input_ids[:, -4:]))

@@ -1,0 +1,81 @@
+"""The CPU dropout mask and the attention fast path against their references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqrec.nn.attention import attention, attention_reference
+from seqrec.nn.dropout import dropout, keep_mask
+from seqrec.nn.masks import attention_mask
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])
+def test_keep_mask_has_the_asked_rate_and_no_pattern(p: float) -> None:
+    torch.manual_seed(0)
+    mask = keep_mask((1001, 999), p, torch.device("cpu"))
+    assert mask.shape == (1001, 999)
+    rate = mask.float().mean().item()
+    assert abs(rate - (1 - p)) < 0.005
+    # Both halves of each draw, and rows and columns, carry the same rate (no stripes).
+    flat = mask.view(-1)
+    assert abs(flat[0::2].float().mean().item() - flat[1::2].float().mean().item()) < 0.01
+    assert (mask.float().mean(dim=0) - (1 - p)).abs().max() < 0.1
+
+
+def test_keep_mask_follows_the_torch_seed() -> None:
+    torch.manual_seed(3)
+    a = keep_mask((64, 33), 0.3, torch.device("cpu"))
+    torch.manual_seed(3)
+    b = keep_mask((64, 33), 0.3, torch.device("cpu"))
+    assert torch.equal(a, b)
+
+
+def test_dropout_preserves_the_expectation_and_zeroes_the_rest() -> None:
+    torch.manual_seed(0)
+    x = torch.ones(2000, 500)
+    y = dropout(x, 0.2, training=True)
+    assert abs(y.mean().item() - 1.0) < 0.01
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / (1 - 6554 / 32768)))
+    assert dropout(x, 0.2, training=False) is x
+
+
+def test_dropout_gradient_uses_the_same_mask() -> None:
+    x = torch.randn(50, 40, requires_grad=True)
+    y = dropout(x, 0.5, training=True)
+    y.sum().backward()
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, (y.detach() / x.detach()).nan_to_num())
+
+
+def _qkv(seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(3, 2, 7, 5, generator=g) for _ in range(3))
+    real = torch.tensor([[True] * 7, [False] * 4 + [True] * 3, [False] * 6 + [True]])
+    return q, k, v, attention_mask(real, causal=True)
+
+
+def test_attention_fast_path_matches_reference_without_dropout() -> None:
+    q, k, v, mask = _qkv(0)
+    expected, weights = attention_reference(q, k, v, mask)
+    torch.testing.assert_close(attention(q, k, v, mask), expected)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(sdpa, expected)
+    assert torch.isfinite(weights).all()
+
+
+def test_attention_with_dropout_is_the_reference_with_the_same_draws() -> None:
+    q, k, v, mask = _qkv(1)
+    torch.manual_seed(5)
+    fast = attention(q, k, v, mask, dropout_p=0.3, training=True)
+    torch.manual_seed(5)
+    reference, _ = attention_reference(q, k, v, mask, dropout_p=0.3, training=True)
+    torch.testing.assert_close(fast, reference)
+
+
+def test_no_query_row_is_fully_masked() -> None:
+    real = torch.tensor([[False, False, True], [False, False, False]])
+    mask = attention_mask(real, causal=True)
+    assert mask.any(dim=-1).all()
