@@ -147,11 +147,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     predictor = Predictor.from_run_dir(args.run_dir)
     exclude_seen = not args.keep_seen
     if args.history is not None:
-        (rec,) = predictor.recommend([args.history], args.k, exclude_seen)
+        history = [item for item in args.history if item.strip()]
+        (rec,) = predictor.recommend([history], args.k, exclude_seen)
+        if rec.error is not None:
+            unknown = f" (unknown item ids: {' '.join(rec.unknown)})" if rec.unknown else ""
+            raise DataError(f"cannot recommend: {rec.error}{unknown}")
         if rec.unknown:
             print(f"warning: unknown item ids ignored: {' '.join(rec.unknown)}", file=sys.stderr)
-        if rec.error is not None:
-            raise DataError(f"cannot recommend: {rec.error}")
         scores = rec.scores or [float("nan")] * len(rec.items)
         if args.json:
             print(json.dumps({"items": rec.items, "scores": rec.scores, "unknown": rec.unknown}))

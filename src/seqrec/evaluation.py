@@ -17,8 +17,9 @@ import polars as pl
 import torch
 from torch import Tensor
 
+from seqrec.batch import PAD_ID
 from seqrec.config import EvalConfig
-from seqrec.data.batches import SeenIndex, left_padded
+from seqrec.data.batches import left_padded
 from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, Sequences
 from seqrec.io import atomic_path
@@ -64,27 +65,31 @@ class NegativeSampler:
     """Items a user never interacted with, without replacement, uniform or by popularity.
 
     Exact sampling without replacement by random keys: uniform keys (or Efraimidis-Spirakis
-    keys log(u) / w for popularity weights w), seen items pushed out, k best keys kept.
+    keys log(u) / w for popularity weights w), seen items pushed out, the k best keys kept.
     """
 
     def __init__(
         self, all_sequences: Sequences, num_items: int, weights: Tensor | None, seed: int
     ) -> None:
-        self._seen = SeenIndex(all_sequences, num_items)
+        self._all = all_sequences
         self._num_items = num_items
-        self._log_weights = None if weights is None else weights.double().clamp_min(1e-12).log()
+        self._weights = None if weights is None else weights.double().clamp_min(1e-12)
         self._generator = torch.Generator().manual_seed(seed)
 
     def sample(self, users: npt.NDArray[np.int64], k: int) -> Tensor:
         """(U,) user rows -> (U, k) item ids (PAD_ID where a user has fewer unseen items)."""
-        N = self._num_items
-        keys = torch.rand(len(users), N, generator=self._generator, dtype=torch.float64)
-        if self._log_weights is not None:
-            keys = keys.log() / self._log_weights[1:].exp()  # Efraimidis-Spirakis
-        seen = self._seen.contains(users[:, None], np.arange(1, N + 1)[None, :])
-        keys[torch.from_numpy(seen)] = float("-inf")
-        top = keys.topk(min(k, N), dim=1)
-        return torch.where(top.values.isfinite(), top.indices + 1, 0)
+        seen = self._all.take(users)
+        keys = torch.rand(
+            len(users), self._num_items + 1, generator=self._generator, dtype=torch.float64
+        )
+        if self._weights is not None:
+            keys = keys.log() / self._weights  # Efraimidis-Spirakis: larger is likelier
+        keys[:, PAD_ID] = float("-inf")
+        keys[torch.from_numpy(seen.row_ids()), torch.from_numpy(seen.items.astype(np.int64))] = (
+            float("-inf")
+        )
+        top = keys.topk(min(k, self._num_items), dim=1)
+        return torch.where(top.values.isfinite(), top.indices, PAD_ID)
 
 
 def _chunks(lengths: npt.NDArray[np.int64], size: int) -> list[npt.NDArray[np.int64]]:
@@ -92,7 +97,7 @@ def _chunks(lengths: npt.NDArray[np.int64], size: int) -> list[npt.NDArray[np.in
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def _ranks_for_chunk(
     model: SequentialRecommender,
     input_ids: Tensor,

@@ -149,3 +149,11 @@ def test_attention_weights_are_causal_distributions(batch: SeqBatch) -> None:
 def test_truncates_to_the_most_recent_items(batch: SeqBatch) -> None:
     model = build(max_seq_len=4)
     torch.testing.assert_close(model.score(batch.input_ids), model.score(batch.input_ids[:, -4:]))
+
+
+def test_last_only_scoring_equals_the_full_encoding(batch: SeqBatch) -> None:
+    model = build()
+    hidden, _ = model.encode(batch.input_ids)
+    last, _ = model.encode(batch.input_ids, last_only=True)
+    assert last.shape == (batch.input_ids.size(0), 1, CONFIG.hidden_size)
+    torch.testing.assert_close(last[:, 0], hidden[:, -1])

@@ -8,8 +8,10 @@ shared vs unshared item embedding, residual connections, dropout, 0-3 blocks, he
 explicit user embedding r = (U_u + F_t) . M_i.
 
 Differences from the reference implementation, all deliberate:
-- Blocks are true pre-LayerNorm, g'(x) = x + Dropout(g(LN(x))) as the paper writes it; the
-  reference normalises only the queries and adds the residual to the normalised input.
+- Blocks are true pre-LayerNorm with dropout on each sublayer's output,
+  g'(x) = x + Dropout(g(LN(x))), as the paper writes it (Eq. 4). The reference normalises
+  only the queries, adds the residual to the normalised input, and applies dropout to the
+  attention weights and inside the FFN instead; ``attention_dropout`` restores the former.
 - Padded keys are masked out of attention (the reference only zeroes padded embeddings, so
   real positions still attend to zero vectors at padded positions). Outputs at real
   positions therefore do not depend on how much padding a batch has, which lets training
@@ -33,7 +35,7 @@ from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
 from seqrec.config import ConfigError
-from seqrec.losses import SAMPLED_LOSSES, full_ce
+from seqrec.losses import SAMPLED_LOSSES, fused_full_ce
 from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
 from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import Dropout
@@ -50,6 +52,7 @@ class SASRecConfig(ModelConfig):
     num_heads: int = 1
     ffn_size: int | None = None  # inner width of the point-wise FFN; None = hidden_size (paper)
     dropout: float = 0.2  # 0.2 on ML-1M, 0.5 on the sparse datasets in the paper
+    attention_dropout: float = 0.0  # on the attention weights; the reference code uses `dropout`
     positional_embedding: bool = True
     shared_embedding: bool = True  # False: a second item matrix N scores the output
     residual: bool = True
@@ -67,8 +70,9 @@ class SASRecConfig(ModelConfig):
             )
         if self.num_layers < 0:
             raise ConfigError(f"model.num_layers must be >= 0, got {self.num_layers}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.num_negatives < 1:
             raise ConfigError(f"model.num_negatives must be >= 1, got {self.num_negatives}")
         if self.user_embedding and self.num_users < 1:
@@ -81,23 +85,30 @@ class SelfAttention(nn.Module):
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
         self.num_heads = config.num_heads
-        self.dropout = config.dropout
+        self.dropout = config.attention_dropout
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(
-        self, x: Tensor, mask: Tensor, need_weights: bool = False
+        self, x: Tensor, mask: Tensor, need_weights: bool = False, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        B, L, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=-1)
+        """(B, L, D) -> (B, L, D), or (B, 1, D) for the newest position with ``last_only``."""
+        B, _, D = x.shape
+        if last_only:  # inference: keys and values for all positions, one query
+            k, v = torch.split(F.linear(x, self.qkv.weight[D:], self.qkv.bias[D:]), D, dim=-1)
+            q = F.linear(x[:, -1:], self.qkv.weight[:D], self.qkv.bias[:D])
+            mask = mask[:, :, -1:]
+        else:
+            q, k, v = self.qkv(x).split(D, dim=-1)
         # (B, L, D) -> (B, H, L, D / H)
-        q, k, v = (t.view(B, L, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        H = self.num_heads
+        q, k, v = (t.view(B, -1, H, D // H).transpose(1, 2) for t in (q, k, v))
         weights = None
         if need_weights:  # the readable path, attention weights kept for analysis
             y, weights = attention_reference(q, k, v, mask, self.dropout, self.training)
         else:
             y = attention(q, k, v, mask, self.dropout, self.training)
-        return self.proj(y.transpose(1, 2).reshape(B, L, D)), weights
+        return self.proj(y.transpose(1, 2).reshape(B, -1, D)), weights
 
 
 class FeedForward(nn.Module):
@@ -108,18 +119,13 @@ class FeedForward(nn.Module):
         inner = config.ffn_size or config.hidden_size
         self.fc1 = nn.Linear(config.hidden_size, inner)
         self.fc2 = nn.Linear(inner, config.hidden_size)
-        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.fc2(self.dropout(F.relu(self.fc1(x)))))
+        return self.fc2(F.relu(self.fc1(x)))
 
 
 class Block(nn.Module):
-    """Pre-LN: x + Attn(LN(x)), then x + FFN(LN(x)).
-
-    As in the reference code, the paper's Dropout(g(.)) lives inside g: on the attention
-    weights, and after each FFN layer.
-    """
+    """Pre-LN, Eq. (4) of the paper: x + Dropout(Attn(LN(x))), then x + Dropout(FFN(LN(x)))."""
 
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
@@ -128,13 +134,17 @@ class Block(nn.Module):
         self.attn = SelfAttention(config)
         self.ln_ffn = nn.LayerNorm(config.hidden_size)
         self.ffn = FeedForward(config)
+        self.dropout = Dropout(config.dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor, need_weights: bool = False
+        self, x: Tensor, mask: Tensor, need_weights: bool = False, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        attended, weights = self.attn(self.ln_attn(x), mask, need_weights)
+        attended, weights = self.attn(self.ln_attn(x), mask, need_weights, last_only)
+        attended = self.dropout(attended)
+        if last_only:
+            x = x[:, -1:]
         x = x + attended if self.residual else attended
-        fed = self.ffn(self.ln_ffn(x))
+        fed = self.dropout(self.ffn(self.ln_ffn(x)))
         x = x + fed if self.residual else fed
         return x, weights
 
@@ -184,9 +194,15 @@ class SASRec(ScoringRecommender):
         """(N + 1, D) the matrix that scores items: M (shared) or N (unshared)."""
         return (self.out_emb or self.item_emb).weight
 
-    def encode(self, input_ids: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def encode(
+        self, input_ids: Tensor, need_weights: bool = False, last_only: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
         """(B, L) left-padded item ids -> (B, L, D) hidden states, plus per-layer attention
-        weights (B, H, L, L) when ``need_weights``."""
+        weights (B, H, L, L) when ``need_weights``.
+
+        ``last_only`` returns (B, 1, D) for the newest position and skips the last block's
+        work for the other positions (what scoring needs).
+        """
         input_ids = input_ids[:, -self.config.max_seq_len :]
         L = input_ids.size(1)
         x = self.item_emb(input_ids)  # (B, L, D)
@@ -202,8 +218,9 @@ class SASRec(ScoringRecommender):
         x = self.emb_dropout(x) * real.unsqueeze(-1)
         mask = attention_mask(real, causal=True)  # (B, 1, L, L)
         weights: list[Tensor] = []
-        for block in self.blocks:
-            x, w = block(x, mask, need_weights)
+        for index, block in enumerate(self.blocks):
+            last = last_only and index == len(self.blocks) - 1
+            x, w = block(x, mask, need_weights, last)
             if w is not None:
                 weights.append(w)
         return self.ln_f(x), weights
@@ -229,10 +246,8 @@ class SASRec(ScoringRecommender):
         h = hidden.reshape(-1, hidden.size(-1)).index_select(0, where)  # (P, D)
         targets = labels.reshape(-1).index_select(0, where).long()  # (P,)
         items = self.output_embedding()
-        if self.config.loss == "ce":
-            logits = h @ items.T  # (P, N + 1)
-            logits[:, PAD_ID] = float("-inf")
-            loss = full_ce(logits, targets)
+        if self.config.loss == "ce":  # softmax over items 1..N, logits never materialised
+            loss = fused_full_ce(h, items, targets)
         else:
             if batch.negatives is None:
                 raise ValueError(f"SASRec loss {self.config.loss!r} needs batch.negatives")
@@ -244,7 +259,7 @@ class SASRec(ScoringRecommender):
         return ModelOutput(loss=loss, hidden=hidden)
 
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
-        hidden, _ = self.encode(input_ids)
+        hidden, _ = self.encode(input_ids, last_only=True)
         last = hidden[:, -1]  # (B, D); left padding puts the newest item last
         user = self._user_vector(users, last)
         if user is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from seqrec.batch import PAD_ID
@@ -43,11 +44,11 @@ class Predictor:
 
     def _encode(
         self, histories: Sequence[Sequence[str]]
-    ) -> tuple[list[np.ndarray], list[list[str]]]:
+    ) -> tuple[list[npt.NDArray[np.int64]], list[list[str]]]:
         known, unknown = [], []
         for history in histories:
             ids, missing = self.id_map.item_to_internal([str(item) for item in history])
-            known.append(ids[-self.max_seq_len :])
+            known.append(ids)
             unknown.append(missing)
         return known, unknown
 
@@ -55,7 +56,11 @@ class Predictor:
     def recommend(
         self, histories: Sequence[Sequence[str]], k: int = 10, exclude_seen: bool = True
     ) -> list[Recommendation]:
-        """One ``Recommendation`` per history, in order; a bad history gets ``error``."""
+        """One ``Recommendation`` per history, in order; a bad history gets ``error``.
+
+        The model reads the last ``max_seq_len`` known items; ``exclude_seen`` removes every
+        known item of the history, however long.
+        """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self.model.uses_users:
@@ -63,39 +68,45 @@ class Predictor:
                 "this model needs user ids (a user embedding); it cannot serve histories"
             )
         known, unknown = self._encode(histories)
-        results: list[Recommendation | None] = [None] * len(histories)
+        results: list[Recommendation] = []
         rows = [i for i, ids in enumerate(known) if len(ids) > 0]
+        answers: dict[int, tuple[list[int], list[float] | None]] = {}
+        if rows:
+            answers = dict(
+                zip(rows, self._top([known[i] for i in rows], k, exclude_seen), strict=True)
+            )
         for i, ids in enumerate(known):
             if len(ids) == 0:
                 reason = "empty history" if not unknown[i] else "no known item in the history"
-                results[i] = Recommendation([], None, unknown[i], reason)
-        if rows:
-            width = max(len(known[i]) for i in rows)
-            input_ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-            for row, i in enumerate(rows):
-                input_ids[row, width - len(known[i]) :] = torch.from_numpy(known[i])
-            top, scores = self._top(input_ids.to(self.device), k, exclude_seen)
-            for row, i in enumerate(rows):
-                results[i] = Recommendation(
-                    items=self.id_map.item_to_original(top[row]),
-                    scores=None if scores is None else [float(s) for s in scores[row]],
-                    unknown=unknown[i],
-                )
-        return [r for r in results if r is not None]
+                results.append(Recommendation([], None, unknown[i], reason))
+                continue
+            items, scores = answers[i]
+            results.append(Recommendation(self.id_map.item_to_original(items), scores, unknown[i]))
+        return results
 
     def _top(
-        self, input_ids: torch.Tensor, k: int, exclude_seen: bool
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        if isinstance(self.model, ScoringRecommender):
-            scores = self.model.score(input_ids).float()
-            scores[:, PAD_ID] = float("-inf")
-            if exclude_seen:
-                scores = scores.scatter(1, input_ids, float("-inf"))
-            top = scores.topk(min(k, scores.size(1) - 1), dim=1)
-            finite = top.values.isfinite()
-            if not finite.all():  # fewer unseen items than k
-                keep = int(finite.sum(dim=1).min())
-                return top.indices[:, :keep].cpu().numpy(), top.values[:, :keep].cpu().numpy()
-            return top.indices.cpu().numpy(), top.values.cpu().numpy()
-        top_ids = self.model.recommend(input_ids, k, exclude_seen)
-        return top_ids.cpu().numpy(), None
+        self, histories: list[npt.NDArray[np.int64]], k: int, exclude_seen: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """Top-k internal ids (and scores) per non-empty history."""
+        width = min(max(len(h) for h in histories), self.max_seq_len)
+        input_ids = torch.full((len(histories), width), PAD_ID, dtype=torch.long)
+        for row, ids in enumerate(histories):
+            recent = torch.from_numpy(ids[-width:])
+            input_ids[row, width - len(recent) :] = recent
+        input_ids = input_ids.to(self.device)
+        if not isinstance(self.model, ScoringRecommender):
+            top = self.model.recommend(input_ids, k, exclude_seen).cpu()
+            return [(row.tolist(), None) for row in top]
+        scores = self.model.score(input_ids).float().cpu()  # (B, N + 1)
+        scores[:, PAD_ID] = float("-inf")
+        if exclude_seen:
+            rows = np.repeat(np.arange(len(histories)), [len(h) for h in histories])
+            scores[torch.from_numpy(rows), torch.from_numpy(np.concatenate(histories))] = float(
+                "-inf"
+            )
+        top_values, top_indices = scores.topk(min(k, scores.size(1) - 1), dim=1)
+        answers = []
+        for values, indices in zip(top_values, top_indices, strict=True):
+            finite = values.isfinite()  # fewer than k unseen items: return what there is
+            answers.append((indices[finite].tolist(), values[finite].tolist()))
+        return answers

@@ -48,7 +48,12 @@ def load_torch(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a truncated or foreign file
-        raise RunDirError(f"{path} is corrupt or not a seqrec file: {err}") from None
+        raise RunDirError(f"{path} is corrupt or not a seqrec file ({_first_line(err)})") from None
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def save_json(obj: Any, path: Path) -> None:
@@ -96,8 +101,9 @@ def load_run(run_dir: str | Path, weights: str = WEIGHTS) -> LoadedRun:
     try:
         model.load_state_dict(state)
     except (RuntimeError, TypeError, AttributeError) as err:
+        detail = " ".join(line.strip() for line in str(err).splitlines()[1:3])
         raise RunDirError(
-            f"{run_dir / weights} does not fit the model in {CONFIG}: {err}"
+            f"{run_dir / weights} does not fit the model in {CONFIG} ({detail or _first_line(err)})"
         ) from None
     try:
         id_map = IdMap.load(run_dir / ID_MAP)

@@ -55,6 +55,17 @@ def epoch_seeds(seed: int, epoch: int) -> tuple[np.random.Generator, int]:
     return np.random.default_rng(sequence), int(sequence.generate_state(1, np.uint64)[0] >> 1)
 
 
+def check_train_config(config: ExperimentConfig) -> None:
+    """Settings that can only be checked against each other or the machine."""
+    names = [f"{m}@{k}" for k in config.eval.ks for m in ("HR", "NDCG", "MRR", "Recall")]
+    if config.train.monitor not in names:
+        raise ConfigError(
+            f"train.monitor {config.train.monitor!r} is not a computed metric; "
+            f"valid: {', '.join(names)}"
+        )
+    resolve_device(config.train.device)
+
+
 @dataclass
 class EpochStats:
     loss: float
@@ -178,15 +189,7 @@ class Trainer:
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
-        self._check_monitor()
-
-    def _check_monitor(self) -> None:
-        names = [f"{m}@{k}" for k in self.config.eval.ks for m in ("HR", "NDCG", "MRR", "Recall")]
-        if self.config.train.monitor not in names:
-            raise ConfigError(
-                f"train.monitor {self.config.train.monitor!r} is not a computed metric; "
-                f"valid: {', '.join(names)}"
-            )
+        check_train_config(config)
 
     def validate(self) -> dict[str, float]:
         result = evaluate(

@@ -6,6 +6,7 @@ This is what ``seqrec train`` and ``seqrec evaluate`` call; the CLI only parses 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,14 @@ from seqrec.training.checkpoint import (
     read_config,
     save_json,
 )
-from seqrec.training.loop import EpochCallback, FitResult, Trainer, resolve_device, seed_everything
+from seqrec.training.loop import (
+    EpochCallback,
+    FitResult,
+    Trainer,
+    check_train_config,
+    resolve_device,
+    seed_everything,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +62,9 @@ def _resolved(
     resolved["model"] = model.config.to_dict()
     resolved["dataset"] = {"name": data.name, "source": data.source}
     resolved["seqrec_version"] = __version__
-    return resolved
+    # As config.json will read back: tuples become lists, so a resume compares like with like.
+    loaded: dict[str, Any] = json.loads(json.dumps(resolved))
+    return loaded
 
 
 def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, Any]) -> None:
@@ -92,6 +102,7 @@ def train_experiment(
         raise RunDirError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out"
         )
+    check_train_config(config)  # before anything is written to run_dir
     data = prepare(config.data, data_dir)
     seed_everything(config.train.seed)
     model_config = build_model_config(

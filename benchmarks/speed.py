@@ -1,0 +1,110 @@
+"""SASRec training and evaluation speed on ML-1M at the paper's settings, on this machine.
+
+An epoch is one pass over every user's training sequence with the loss on every position
+(the SASRec paper's definition). Each variant runs in its own process so that its peak memory
+(max RSS) is its own. Prints a table and one JSON line per variant.
+
+    .venv/bin/python benchmarks/speed.py --data-dir ../shared/data
+    .venv/bin/python benchmarks/speed.py --variants bce --epochs 4 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    # The paper's ML-1M settings: d=50, n=200, 2 blocks, 1 head, batch 128, BCE.
+    "bce": {"name": "sasrec", "hidden_size": 50, "max_seq_len": 200, "num_layers": 2,
+            "num_heads": 1, "dropout": 0.2, "loss": "bce"},
+    # The same model with full softmax cross-entropy (SASRec+).
+    "ce": {"name": "sasrec", "hidden_size": 50, "max_seq_len": 200, "num_layers": 2,
+           "num_heads": 1, "dropout": 0.2, "loss": "ce"},
+}
+
+
+def measure(variant: str, epochs: int, data_dir: str | None, threads: int | None) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    from seqrec.config import DataConfig, EvalConfig, experiment_from_raw
+    from seqrec.data.prepare import prepare
+    from seqrec.models import build_model, build_model_config
+    from seqrec.training.loop import Trainer
+    from seqrec.training.run import evaluate_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    data = prepare(DataConfig(dataset="ml-1m"), data_dir)
+    torch.manual_seed(0)
+    model = build_model(build_model_config(VARIANTS[variant], num_items=data.num_items))
+    config = experiment_from_raw({"train": {"batch_size": 128, "progress": False, "device": "cpu"}})
+    trainer = Trainer(model, data, config)
+    from seqrec.training.loop import epoch_seeds, train_one_epoch
+
+    seconds, targets = [], 0
+    for epoch in range(1, epochs + 1):
+        rng, seed = epoch_seeds(0, epoch)
+        torch.manual_seed(seed)
+        stats = train_one_epoch(model, trainer.batches.epoch(rng), trainer.optimizer,
+                                device=trainer.device)
+        seconds.append(stats.seconds)
+        targets = stats.targets
+    timed = seconds[1:] if len(seconds) > 1 else seconds  # the first epoch warms up
+    evaluation = {}
+    for protocol in ("full", "sampled"):
+        evaluate_model(model, data, EvalConfig(protocol=protocol))  # warm-up
+        start = time.perf_counter()
+        result = evaluate_model(model, data, EvalConfig(protocol=protocol))
+        evaluation[protocol] = (time.perf_counter() - start, result.num_users)
+    return {
+        "variant": variant,
+        "threads": torch.get_num_threads(),
+        "epoch_seconds": float(np.median(timed)),
+        "epoch_seconds_all": [round(s, 2) for s in seconds],
+        "targets_per_epoch": targets,
+        "targets_per_second": targets / float(np.median(timed)),
+        "eval_full_seconds": evaluation["full"][0],
+        "eval_sampled_seconds": evaluation["sampled"][0],
+        "eval_users": evaluation["full"][1],
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per variant (1st is warm-up)")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child, args.epochs, args.data_dir, args.threads)))
+        return
+    rows = []
+    for variant in args.variants:
+        command = [sys.executable, __file__, "--child", variant, "--epochs", str(args.epochs)]
+        if args.data_dir:
+            command += ["--data-dir", args.data_dir]
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"\nSASRec on ML-1M (d=50, n=200, 2 blocks, 1 head, batch 128), {rows[0]['threads']} threads")
+    print(f"{'loss':<5} {'s/epoch':>8} {'targets/s':>10} {'eval full s':>12} {'eval sampled s':>15}"
+          f" {'peak GiB':>9}")
+    for r in rows:
+        print(f"{r['variant']:<5} {r['epoch_seconds']:>8.2f} {r['targets_per_second']:>10,.0f} "
+              f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
+              f"{r['peak_rss_gib']:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""``seqrec recommend``: one history or a batch file, original item ids in and out."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from seqrec.cli import main
+from tests.cli.helpers import one_error_line, read_jsonl, run_seqrec
+
+
+def recommend_json(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> dict[str, Any]:
+    assert main(["recommend", str(run), *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def items(log: pl.DataFrame) -> list[str]:
+    """Every original item id, most frequent first."""
+    return log["item_id"].value_counts(sort=True)["item_id"].to_list()
+
+
+def test_single_history_gets_k_original_ids_never_from_the_history(
+    file_run: Path, items: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = items[:8]  # the most popular items: a model would like to recommend them
+    rec = recommend_json(capsys, file_run, "--history", *history, "-k", "5")
+    assert len(rec["items"]) == len(set(rec["items"])) == 5
+    assert set(rec["items"]) <= set(items)
+    assert not set(rec["items"]) & set(history)
+    assert rec["unknown"] == []
+    assert rec["scores"] == sorted(rec["scores"], reverse=True)
+
+    assert main(["recommend", str(file_run), "--history", *history, "-k", "5"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["rank", "item", "score"]
+    assert [line.split()[1] for line in table[1:]] == rec["items"]
+
+
+def test_keep_seen_allows_history_items(
+    file_run: Path, items: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = items[:8]
+    everything = recommend_json(
+        capsys, file_run, "--history", *history, "-k", str(len(items)), "--keep-seen"
+    )
+    assert sorted(everything["items"]) == sorted(items)
+
+
+def test_unknown_items_are_reported_and_the_rest_answered(
+    file_run: Path, items: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = ["nope-1", items[3], "nope-2", items[10]]
+    assert main(["recommend", str(file_run), "--history", *history, "-k", "4", "--json"]) == 0
+    captured = capsys.readouterr()
+    rec = json.loads(captured.out)
+    assert len(rec["items"]) == 4
+    assert rec["unknown"] == ["nope-1", "nope-2"]
+    assert captured.err.strip() == "warning: unknown item ids ignored: nope-1 nope-2"
+    known_only = recommend_json(capsys, file_run, "--history", items[3], items[10], "-k", "4")
+    assert rec["items"] == known_only["items"]
+
+
+@pytest.mark.parametrize(
+    ("history", "reason"),
+    [
+        (["nope-1", "nope-2"], "no known item in the history"),
+        ([""], "(empty history|no known item in the history)"),
+    ],
+    ids=["all-unknown", "empty"],
+)
+def test_a_history_without_known_items_fails_with_one_reason(
+    file_run: Path, capsys: pytest.CaptureFixture[str], history: list[str], reason: str
+) -> None:
+    assert main(["recommend", str(file_run), "--history", *history]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    errors = [line for line in captured.err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1, captured.err
+    assert re.fullmatch(f"error: cannot recommend: {reason}", errors[0]), errors
+
+
+def test_batch_writes_one_json_line_per_input_line(
+    file_run: Path, items: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [" ".join(items[:3]), f"{items[5]},{items[6]}", " ".join(items[20:60])]
+    source, target = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    assert main(["recommend", str(file_run), "--input", str(source), "--output", str(target)]) == 0
+    rows = read_jsonl(target)
+    assert [row["line"] for row in rows] == [1, 2, 3]
+    capsys.readouterr()
+    for row, line in zip(rows, lines, strict=True):
+        history = line.replace(",", " ").split()
+        assert row["error"] is None
+        assert row["unknown"] == []
+        assert row["items"] == recommend_json(capsys, file_run, "--history", *history)["items"]
+        assert row["scores"] == pytest.approx(
+            recommend_json(capsys, file_run, "--history", *history)["scores"], abs=1e-5
+        )
+
+
+def test_batch_with_bad_lines_exits_3_and_marks_them(
+    file_run: Path, items: list[str], tmp_path: Path
+) -> None:
+    source, target = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    source.write_text(f"{items[0]} {items[1]}\nzz yy\n\n{items[2]} zz\n")
+    done = run_seqrec("recommend", file_run, "--input", source, "--output", target, "-k", "3")
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "error: 2 lines had no usable history (lines 2, 3)" in done.stderr
+    rows = read_jsonl(target)
+    assert len(rows) == 4
+    assert [row["error"] is None for row in rows] == [True, False, False, True]
+    assert rows[1]["error"] == "no known item in the history"
+    assert rows[1]["unknown"] == ["zz", "yy"]
+    assert rows[2]["error"] == "empty history"
+    assert rows[3]["unknown"] == ["zz"]
+    assert len(rows[3]["items"]) == 3
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_batch_input_must_exist(
+    file_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--input", str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o")]
+    assert main(["recommend", str(file_run), *args]) == 2
+    assert "missing.txt does not exist" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()

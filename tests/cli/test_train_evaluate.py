@@ -1,0 +1,219 @@
+"""``seqrec train`` and ``seqrec evaluate`` end to end, in-process through ``main``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from seqrec.cli import main
+from seqrec.config import TrainConfig
+from seqrec.training.checkpoint import load_run
+from tests.cli.helpers import read_jsonl, tiny_raw, write_yaml
+
+METRIC_KEYS = ("NDCG@10", "HR@10", "MRR@10", "Recall@10")
+
+
+def evaluate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["evaluate", *args, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 1, out
+    result = json.loads(out)
+    assert isinstance(result, dict)
+    return result
+
+
+def targets(log: pl.DataFrame, split: str) -> dict[str, tuple[str, list[str]]]:
+    """user -> (target, history) of the leave-one-out split, from the raw log."""
+    back = 1 if split == "test" else 2
+    sequences = log.group_by("user_id", maintain_order=True).agg("item_id").rows()
+    return {user: (items[-back], items[:-back]) for user, items in sequences}
+
+
+def test_train_writes_a_complete_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_raw())
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "trained sasrec: 3 epochs" in printed
+    assert "protocol: full ranking" in printed
+
+    names = {p.name for p in out.iterdir()}
+    assert names == {
+        "config.json",
+        "model.pt",
+        "checkpoint.pt",
+        "id_map.json",
+        "metrics.jsonl",
+        "results.json",
+    }
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert all(math.isfinite(row["loss"]) and "valid_NDCG@10" in row for row in rows)
+
+    results = json.loads((out / "results.json").read_text())
+    best = max(rows, key=lambda row: row["valid_NDCG@10"])
+    assert results["epochs"] == 3
+    assert results["best_epoch"] == best["epoch"]
+    assert results["valid_NDCG@10"] == best["valid_NDCG@10"]
+    assert results["split"] == "test"
+    for key in METRIC_KEYS:
+        assert 0.0 <= results[key] <= 1.0
+
+    saved = json.loads((out / "config.json").read_text())
+    id_map = json.loads((out / "id_map.json").read_text())
+    assert saved["train"]["max_epochs"] == 3
+    assert saved["train"]["seed"] == 1
+    assert saved["data"]["synthetic_users"] == 300
+    assert saved["model"]["hidden_size"] == 16
+    assert saved["model"]["num_items"] == len(id_map["items"])
+    assert len(id_map["users"]) == results["num_users"] == 300
+    assert load_run(out).model.config.max_seq_len == 20
+
+
+def test_set_override_changes_the_saved_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert TrainConfig().lr != 3e-4  # else this test could not fail
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_raw(train={"max_epochs": 1}))
+    out = tmp_path / "run"
+    args = ["train", "--config", str(config), "--out", str(out), "--set", "train.lr=3e-4"]
+    assert main(args) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["train"]["lr"] == 3e-4
+    assert saved["train"]["max_epochs"] == 1
+
+
+def test_evaluate_prints_a_table_naming_the_protocol(
+    file_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["evaluate", str(file_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    results = json.loads((file_run / "results.json").read_text())
+    assert "test split, 300 users" in lines[0]
+    assert lines[1].startswith("protocol: full ranking over all ")
+    assert "filter-seen" in lines[1]
+    assert lines[3].split() == ["K", "HR", "NDCG", "MRR", "Recall"]
+    rows = {line.split()[0]: line for line in lines[4:]}
+    assert sorted(rows, key=int) == ["5", "10", "20"]
+    for key in METRIC_KEYS:
+        assert f"{results[key]:.4f} ± " in rows["10"]
+
+
+def test_evaluate_json_is_one_flat_object(
+    file_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = evaluate_json(capsys, str(file_run))
+    assert set(result) >= {*METRIC_KEYS, "protocol", "split", "num_users"}
+    assert all(isinstance(value, (int, float, str)) for value in result.values())
+    assert result["split"] == "test"
+    assert result["num_users"] == 300
+    assert result["protocol"].startswith("full ranking")
+    saved = json.loads((file_run / "results.json").read_text())
+    for key in METRIC_KEYS:
+        assert result[key] == pytest.approx(saved[key], abs=1e-12)
+
+
+def test_sampled_protocol_ranks_among_sampled_negatives(
+    file_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full = evaluate_json(capsys, str(file_run))
+    sampled = evaluate_json(capsys, str(file_run), "--protocol", "sampled")
+    assert sampled["protocol"].startswith("sampled: target + 100 uniform")
+    assert sampled["num_users"] == full["num_users"]
+    # 100 negatives out of the unseen items can only move a target up
+    assert sampled["HR@10"] > full["HR@10"]
+    assert sampled["NDCG@10"] > full["NDCG@10"]
+    assert evaluate_json(capsys, str(file_run), "--protocol", "sampled") == sampled  # seeded
+
+
+def test_valid_split(file_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    valid = evaluate_json(capsys, str(file_run), "--split", "valid")
+    test = evaluate_json(capsys, str(file_run))
+    assert valid["split"] == "valid"
+    assert valid["num_users"] == 300
+    assert valid["NDCG@10"] != test["NDCG@10"]
+    best = max(read_jsonl(file_run / "metrics.jsonl"), key=lambda row: row["valid_NDCG@10"])
+    assert valid["NDCG@10"] == pytest.approx(best["valid_NDCG@10"], abs=1e-6)
+
+
+def read_ranks(path: Path) -> pl.DataFrame:
+    if path.suffix == ".csv":
+        return pl.read_csv(path, schema_overrides={"user_id": pl.String, "target": pl.String})
+    return pl.read_parquet(path)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+@pytest.mark.parametrize("split", ["test", "valid"])
+def test_exported_ranks_reproduce_the_metrics_with_original_ids(
+    file_run: Path,
+    log: pl.DataFrame,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    suffix: str,
+    split: str,
+) -> None:
+    path = tmp_path / f"ranks{suffix}"
+    result = evaluate_json(capsys, str(file_run), "--split", split, "--export-ranks", str(path))
+    frame = read_ranks(path)
+    assert frame.columns == ["user_id", "target", "rank"]
+    assert frame.height == result["num_users"] == 300
+
+    expected = targets(log, split)
+    assert sorted(frame["user_id"]) == sorted(expected)  # original "u<n>" ids, every user once
+    for user, target in frame.select("user_id", "target").rows():
+        assert target == expected[user][0], user
+
+    ranks = frame["rank"].to_list()
+    num_items = log["item_id"].n_unique()
+    assert all(1 <= rank <= num_items for rank in ranks)
+    hits = [rank for rank in ranks if rank <= 10]
+    assert result["HR@10"] == pytest.approx(len(hits) / len(ranks), abs=1e-12)
+    assert result["Recall@10"] == pytest.approx(len(hits) / len(ranks), abs=1e-12)
+    ndcg = sum(1 / math.log2(rank + 1) for rank in hits) / len(ranks)
+    assert result["NDCG@10"] == pytest.approx(ndcg, abs=1e-12)
+    assert result["MRR@10"] == pytest.approx(sum(1 / rank for rank in hits) / len(ranks), abs=1e-12)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_csv_and_parquet_exports_agree(
+    file_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for suffix in (".csv", ".parquet"):
+        assert (
+            main(["evaluate", str(file_run), "--export-ranks", str(tmp_path / f"r{suffix}")]) == 0
+        )
+    capsys.readouterr()
+    assert read_ranks(tmp_path / "r.csv").equals(read_ranks(tmp_path / "r.parquet"))
+
+
+def test_no_filter_seen_changes_results_on_data_with_repeats(
+    file_run: Path, log: pl.DataFrame, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected = targets(log, "test")
+    repeats = {user for user, (target, history) in expected.items() if target in history}
+    assert len(repeats) >= 5, "the synthetic log should have test targets the user saw before"
+
+    filtered = evaluate_json(capsys, str(file_run), "--export-ranks", str(tmp_path / "f.csv"))
+    kept = evaluate_json(
+        capsys, str(file_run), "--no-filter-seen", "--export-ranks", str(tmp_path / "k.csv")
+    )
+    assert "filter-seen" in filtered["protocol"]
+    assert "seen items kept" in kept["protocol"]
+    assert kept["NDCG@10"] != filtered["NDCG@10"]
+    assert evaluate_json(capsys, str(file_run), "--filter-seen") == filtered
+
+    f = dict(read_ranks(tmp_path / "f.csv").select("user_id", "rank").rows())
+    k = dict(read_ranks(tmp_path / "k.csv").select("user_id", "rank").rows())
+    for user in expected:
+        if user in repeats:  # the target is filtered out with the history: always a miss
+            assert f[user] > 10, user
+        else:  # history items only compete with the target when they are kept
+            assert k[user] >= f[user], user
+    assert any(k[user] <= 10 for user in repeats)

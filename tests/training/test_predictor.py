@@ -1,0 +1,123 @@
+"""``Predictor.from_run_dir``: batches, seen items, oversized k and unknown ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seqrec.serving.predictor import Predictor, Recommendation
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_run: Path) -> Predictor:
+    return Predictor.from_run_dir(tiny_run)
+
+
+@pytest.fixture(scope="module")
+def items(predictor: Predictor) -> list[str]:
+    return list(predictor.id_map.items)
+
+
+def histories(items: list[str]) -> list[list[str]]:
+    """Different lengths (1 to past max_seq_len = 20), repeats, unknown ids, odd orders."""
+    return [
+        items[:1],
+        items[5:12],
+        [items[3], items[3], items[50], items[3]],
+        ["unknown-1", *items[100:104], "unknown-2"],
+        items[::-1][:19],
+        items[7:30],
+        items[::4],
+    ]
+
+
+def one_at_a_time(
+    predictor: Predictor, batch: list[list[str]], k: int, exclude_seen: bool
+) -> list[Recommendation]:
+    return [predictor.recommend([h], k, exclude_seen)[0] for h in batch]
+
+
+def assert_same(a: list[Recommendation], b: list[Recommendation]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.items == y.items
+        assert x.unknown == y.unknown
+        assert x.error == y.error
+        assert x.scores == pytest.approx(y.scores, abs=1e-5)
+
+
+@pytest.mark.parametrize("exclude_seen", [True, False])
+def test_batch_equals_one_at_a_time(
+    predictor: Predictor, items: list[str], exclude_seen: bool
+) -> None:
+    batch = histories(items)
+    together = predictor.recommend(batch, 10, exclude_seen)
+    assert all(len(r.items) == 10 for r in together)
+    assert_same(together, one_at_a_time(predictor, batch, 10, exclude_seen))
+
+
+def test_batch_equals_one_at_a_time_when_k_exceeds_the_unseen_items(
+    predictor: Predictor, items: list[str]
+) -> None:
+    batch = [items[:2], items[10:20]]
+    k = len(items)
+    assert_same(predictor.recommend(batch, k), one_at_a_time(predictor, batch, k, True))
+
+
+@pytest.mark.parametrize("k", [10, 500])
+def test_never_recommends_history_items(predictor: Predictor, items: list[str], k: int) -> None:
+    batch = histories(items)
+    short = [h for h in batch if len([i for i in h if i in items]) <= predictor.max_seq_len]
+    assert len(short) >= 5
+    for history, rec in zip(short, predictor.recommend(short, k), strict=True):
+        assert rec.items, history
+        assert not set(rec.items) & set(history), history
+
+
+def test_never_recommends_items_from_a_history_longer_than_max_seq_len(
+    predictor: Predictor, items: list[str]
+) -> None:
+    history = items[:60]  # max_seq_len is 20
+    (rec,) = predictor.recommend([history], k=len(items))
+    assert not set(rec.items) & set(history)
+
+
+def test_k_larger_than_the_catalogue(predictor: Predictor, items: list[str]) -> None:
+    history = [items[4], items[9], items[4]]
+    (rec,) = predictor.recommend([history], k=10 * len(items))
+    assert len(rec.items) == len(set(rec.items))
+    assert set(rec.items) == set(items) - set(history)
+    assert rec.scores is not None
+    assert len(rec.scores) == len(rec.items)
+    assert rec.scores == sorted(rec.scores, reverse=True)
+
+    (kept,) = predictor.recommend([history], k=10 * len(items), exclude_seen=False)
+    assert sorted(kept.items) == sorted(items)
+
+
+def test_unknown_ids_are_reported_per_history(predictor: Predictor, items: list[str]) -> None:
+    batch = [
+        [items[0], "x1", items[1]],
+        [items[2]],
+        ["x2", "x3"],
+        [],
+        ["x4", items[3], "x4"],
+    ]
+    recs = predictor.recommend(batch, k=5)
+    assert [r.unknown for r in recs] == [["x1"], [], ["x2", "x3"], [], ["x4", "x4"]]
+    assert [r.error for r in recs] == [
+        None,
+        None,
+        "no known item in the history",
+        "empty history",
+        None,
+    ]
+    assert [len(r.items) for r in recs] == [5, 5, 0, 0, 5]
+    assert recs[2].scores is None
+    assert recs[0].items == predictor.recommend([[items[0], items[1]]], k=5)[0].items
+
+
+def test_k_must_be_positive(predictor: Predictor, items: list[str]) -> None:
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+        predictor.recommend([items[:3]], k=0)

@@ -1,0 +1,274 @@
+"""Crash-safe training: SIGKILL then ``--resume``, resuming finished runs, atomic writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqrec.cli import main
+from seqrec.config import experiment_from_raw
+from seqrec.data.prepare import prepare
+from seqrec.io import atomic_path
+from seqrec.models.base import build_model, build_model_config
+from seqrec.training.checkpoint import load_torch, save_torch
+from seqrec.training.loop import Trainer, seed_everything
+from tests.cli.helpers import (
+    SEQREC,
+    assert_rows_close,
+    cli_env,
+    isolate,
+    one_error_line,
+    read_jsonl,
+    run_seqrec,
+    tiny_raw,
+    train_isolated,
+    without_timings,
+    write_yaml,
+)
+
+# Long enough that a poll every few milliseconds catches the run before its last epoch.
+KILL_RAW = tiny_raw(train={"max_epochs": 10, "patience": 100})
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def temp_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".*.tmp"))
+
+
+def completed_epochs(run_dir: Path) -> int:
+    try:
+        return len(read_jsonl(run_dir / "metrics.jsonl"))
+    except FileNotFoundError:
+        return 0
+
+
+@dataclass(frozen=True)
+class KilledRun:
+    config: Path
+    run_dir: Path
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> KilledRun:
+    """``seqrec train`` SIGKILLed as soon as metrics.jsonl shows a completed epoch."""
+    root = tmp_path_factory.mktemp("killed")
+    config = write_yaml(root / "c.yaml", KILL_RAW)
+    run_dir = root / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, root / "cache")
+        env = cli_env()
+    with (root / "stderr.txt").open("w") as stderr:
+        process = subprocess.Popen(
+            [str(SEQREC), "train", "--config", str(config), "--out", str(run_dir)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while completed_epochs(run_dir) < 1:
+                assert process.poll() is None, (root / "stderr.txt").read_text()
+                assert time.monotonic() < deadline, "no epoch completed in 120 s"
+                time.sleep(0.002)
+        finally:
+            process.kill()  # SIGKILL
+            process.wait()
+    assert process.returncode == -9
+    return KilledRun(config, run_dir)
+
+
+def test_sigkill_leaves_a_loadable_checkpoint_of_a_completed_epoch(
+    killed_run: KilledRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = load_torch(killed_run.run_dir / "checkpoint.pt")
+    state = saved["state"]
+    rows = read_jsonl(killed_run.run_dir / "metrics.jsonl")
+    assert 1 <= state["epoch"] < KILL_RAW["train"]["max_epochs"]
+    assert not state["finished"]
+    assert len(state["history"]) == state["epoch"]
+    assert len(rows) in (state["epoch"] - 1, state["epoch"])  # killed between the two writes
+    assert rows == state["history"][: len(rows)]
+    assert set(saved) == {"model", "best_model", "optimizer", "state", "rng"}
+    assert not (killed_run.run_dir / "results.json").exists()
+
+    # Not finished: there are no final weights to evaluate, and the CLI says so.
+    assert main(["evaluate", str(killed_run.run_dir)]) == 2
+    assert "model.pt is missing" in one_error_line(capsys.readouterr().err)
+
+
+def test_resume_after_sigkill_equals_an_uninterrupted_run(
+    killed_run: KilledRun, tmp_path: Path
+) -> None:
+    run_dir = Path(shutil.copytree(killed_run.run_dir, tmp_path / "run"))
+    done = run_seqrec("train", "--config", killed_run.config, "--out", run_dir, "--resume")
+    assert done.returncode == 0, done.stderr
+    assert temp_files(run_dir) == []
+
+    reference = train_isolated(KILL_RAW, tmp_path / "reference", tmp_path / "cache")
+    resumed_rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(resumed_rows) == KILL_RAW["train"]["max_epochs"]
+    assert_rows_close(resumed_rows, read_jsonl(reference / "metrics.jsonl"), tol=1e-6)
+    resumed = json.loads((run_dir / "results.json").read_text())
+    expected = json.loads((reference / "results.json").read_text())
+    assert resumed.keys() == expected.keys()
+    for key, value in expected.items():
+        if isinstance(value, float):
+            assert resumed[key] == pytest.approx(value, abs=1e-6), key
+        else:
+            assert resumed[key] == value, key
+
+
+@pytest.fixture
+def finished_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path]:
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw())
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    return config, run_dir
+
+
+@pytest.mark.parametrize("with_config", [True, False], ids=["config", "no-config"])
+def test_resume_of_a_finished_run_returns_the_same_results(
+    finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], with_config: bool
+) -> None:
+    config, run_dir = finished_run
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    results = json.loads((run_dir / "results.json").read_text())
+    weights = load_torch(run_dir / "model.pt")
+
+    args = ["--config", str(config)] if with_config else []
+    started = time.perf_counter()
+    assert main(["train", *args, "--out", str(run_dir), "--resume"]) == 0, capsys.readouterr()
+    assert time.perf_counter() - started < 30
+    assert read_jsonl(run_dir / "metrics.jsonl") == rows  # no epoch was trained again
+    resumed = json.loads((run_dir / "results.json").read_text())
+    assert resumed == pytest.approx(results, abs=1e-9)
+    for name, tensor in load_torch(run_dir / "model.pt").items():
+        assert torch.equal(tensor, weights[name]), name
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("train.lr=0.01", "train.lr"),
+        ("model.hidden_size=8", "model.hidden_size"),
+        ("data.synthetic_users=250", "data.synthetic_users"),
+    ],
+)
+def test_resume_with_a_different_config_is_refused(
+    finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], override: str, key: str
+) -> None:
+    config, run_dir = finished_run
+    before = digest(run_dir)
+    args = ["train", "--config", str(config), "--out", str(run_dir), "--resume"]
+    assert main([*args, "--set", override]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "--resume: the config differs from the one" in line
+    assert key in line
+    assert digest(run_dir) == before
+
+
+def test_resume_refusal_names_only_the_differing_key(
+    finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, run_dir = finished_run
+    args = ["train", "--config", str(config), "--out", str(run_dir), "--resume"]
+    assert main([*args, "--set", "train.lr=0.01"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "(train.lr)" in line
+
+
+class Crash(Exception):
+    """Stands in for a crash in the middle of an epoch."""
+
+
+def test_trainer_resume_continues_exactly_where_it_stopped(tmp_path: Path) -> None:
+    config = experiment_from_raw(tiny_raw(train={"max_epochs": 5, "patience": 100}))
+    data = prepare(config.data)
+
+    def trainer(run_dir: Path, on_epoch_end=None) -> Trainer:  # type: ignore[no-untyped-def]
+        seed_everything(config.train.seed)
+        model_config = build_model_config(
+            config.model, num_items=data.num_items, num_users=data.num_users
+        )
+        return Trainer(build_model(model_config), data, config, run_dir, on_epoch_end)
+
+    def crash_in_epoch_3(row: dict[str, object]) -> None:
+        if row["epoch"] == 3:
+            raise Crash("epoch 3")
+
+    uninterrupted = trainer(tmp_path / "a")
+    full = uninterrupted.fit()
+
+    with pytest.raises(Crash, match="epoch 3"):
+        trainer(tmp_path / "b", crash_in_epoch_3).fit()
+    assert load_torch(tmp_path / "b" / "checkpoint.pt")["state"]["epoch"] == 2
+    resumed = trainer(tmp_path / "b")
+    assert resumed.resume()
+    fit = resumed.fit()
+
+    assert_rows_close(fit.history, full.history, tol=1e-6)
+    assert without_timings(read_jsonl(tmp_path / "b" / "metrics.jsonl")) == without_timings(
+        fit.history
+    )
+    assert (fit.best_epoch, fit.epochs) == (full.best_epoch, full.epochs)
+    assert fit.best_metric == pytest.approx(full.best_metric, abs=1e-6)
+    expected = uninterrupted.model.state_dict()
+    for name, tensor in resumed.model.state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], atol=1e-6, rtol=0)
+    assert temp_files(tmp_path / "b") == []
+
+
+# ---------------------------------------------------------------- atomic writes
+def write_then_fail(target: Path, text: str) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(text)
+        raise Crash("writer failed")
+
+
+def test_atomic_path_leaves_the_old_file_when_the_writer_raises(tmp_path: Path) -> None:
+    target = tmp_path / "checkpoint.pt"
+    target.write_text("old")
+    with pytest.raises(Crash, match="writer failed"):
+        write_then_fail(target, "new, half written")
+    assert target.read_text() == "old"
+    assert temp_files(tmp_path) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_atomic_path_replaces_the_file_on_success(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "model.pt"
+    with atomic_path(target) as tmp:
+        assert tmp.parent == target.parent
+        assert tmp.name.startswith(".model.pt.")
+        assert tmp.name.endswith(".tmp")
+        tmp.write_text("new")
+    assert target.read_text() == "new"
+    assert temp_files(target.parent) == []
+
+
+class Unpicklable:
+    def __reduce__(self) -> tuple[object, ...]:
+        raise Crash("cannot pickle this")
+
+
+def test_failed_checkpoint_save_keeps_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    save_torch({"state": {"epoch": 1}, "w": torch.arange(3.0)}, path)
+    with pytest.raises(Crash, match="cannot pickle this"):
+        save_torch({"state": {"epoch": 2}, "w": Unpicklable()}, path)
+    saved = load_torch(path)
+    assert saved["state"]["epoch"] == 1
+    assert torch.equal(saved["w"], torch.arange(3.0))
+    assert temp_files(tmp_path) == []
