@@ -20,11 +20,25 @@ from typing import Any
 
 VARIANTS: dict[str, dict[str, Any]] = {
     # The paper's ML-1M settings: d=50, n=200, 2 blocks, 1 head, batch 128, BCE.
-    "bce": {"name": "sasrec", "hidden_size": 50, "max_seq_len": 200, "num_layers": 2,
-            "num_heads": 1, "dropout": 0.2, "loss": "bce"},
+    "bce": {
+        "name": "sasrec",
+        "hidden_size": 50,
+        "max_seq_len": 200,
+        "num_layers": 2,
+        "num_heads": 1,
+        "dropout": 0.2,
+        "loss": "bce",
+    },
     # The same model with full softmax cross-entropy (SASRec+).
-    "ce": {"name": "sasrec", "hidden_size": 50, "max_seq_len": 200, "num_layers": 2,
-           "num_heads": 1, "dropout": 0.2, "loss": "ce"},
+    "ce": {
+        "name": "sasrec",
+        "hidden_size": 50,
+        "max_seq_len": 200,
+        "num_layers": 2,
+        "num_heads": 1,
+        "dropout": 0.2,
+        "loss": "ce",
+    },
 }
 
 
@@ -51,8 +65,9 @@ def measure(variant: str, epochs: int, data_dir: str | None, threads: int | None
     for epoch in range(1, epochs + 1):
         rng, seed = epoch_seeds(0, epoch)
         torch.manual_seed(seed)
-        stats = train_one_epoch(model, trainer.batches.epoch(rng), trainer.optimizer,
-                                device=trainer.device)
+        stats = train_one_epoch(
+            model, trainer.batches.epoch(rng), trainer.optimizer, device=trainer.device
+        )
         seconds.append(stats.seconds)
         targets = stats.targets
     timed = seconds[1:] if len(seconds) > 1 else seconds  # the first epoch warms up
@@ -97,13 +112,19 @@ def main() -> None:
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
-    print(f"\nSASRec on ML-1M (d=50, n=200, 2 blocks, 1 head, batch 128), {rows[0]['threads']} threads")
-    print(f"{'loss':<5} {'s/epoch':>8} {'targets/s':>10} {'eval full s':>12} {'eval sampled s':>15}"
-          f" {'peak GiB':>9}")
+    print(
+        f"\nSASRec on ML-1M (d=50, n=200, 2 blocks, 1 head, batch 128), {rows[0]['threads']} threads"
+    )
+    print(
+        f"{'loss':<5} {'s/epoch':>8} {'targets/s':>10} {'eval full s':>12} {'eval sampled s':>15}"
+        f" {'peak GiB':>9}"
+    )
     for r in rows:
-        print(f"{r['variant']:<5} {r['epoch_seconds']:>8.2f} {r['targets_per_second']:>10,.0f} "
-              f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
-              f"{r['peak_rss_gib']:>9.2f}")
+        print(
+            f"{r['variant']:<5} {r['epoch_seconds']:>8.2f} {r['targets_per_second']:>10,.0f} "
+            f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
+            f"{r['peak_rss_gib']:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = None  # torch intra-op threads; None = all cores
     seed: int = 0
-    tensorboard: bool = False
+    tensorboard: bool = False  # scalars per epoch in <run dir>/tensorboard (extra: tensorboard)
     progress: bool = True  # a progress bar on stderr
 
     def __post_init__(self) -> None:

@@ -104,7 +104,7 @@ def losses(run_dir: Path) -> list[float]:
 
 def without_timings(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """metrics.jsonl rows minus the wall-clock fields, which differ between runs."""
-    timing = {"epoch_seconds", "targets_per_second"}
+    timing = {"epoch_seconds", "targets_per_second", "elapsed_seconds"}
     return [{k: v for k, v in row.items() if k not in timing} for row in rows]
 
 

@@ -143,6 +143,7 @@ class TrainingState:
     best_epoch: int = 0
     epochs_without_improvement: int = 0
     finished: bool = False
+    elapsed_seconds: float = 0.0  # wall time of completed epochs, across resumes
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -239,6 +240,7 @@ class Trainer:
             "loss": stats.loss,
             "epoch_seconds": round(stats.seconds, 3),
             "targets_per_second": round(stats.targets_per_second, 1),
+            "elapsed_seconds": round(self.state.elapsed_seconds, 2),  # training + validation
         }
         if metrics is not None:
             row.update({f"valid_{k}": v for k, v in metrics.items()})
@@ -258,12 +260,13 @@ class Trainer:
         started = time.perf_counter()
         while not self.state.finished and self.state.epoch < train.max_epochs:
             epoch = self.state.epoch + 1
+            epoch_started = time.perf_counter()
             numpy_rng, torch_seed = epoch_seeds(train.seed, epoch)
             torch.manual_seed(torch_seed)
             with tqdm(
                 total=len(self.batches),
                 desc=f"epoch {epoch}",
-                disable=not train.progress,
+                disable=True if not train.progress else None,  # None: only on a terminal
                 leave=False,
                 mininterval=1.0,
             ) as bar:
@@ -277,7 +280,9 @@ class Trainer:
                     progress=bar,
                 )
             validate = epoch % train.eval_every == 0 or epoch == train.max_epochs
-            self._record(epoch, stats, self.validate() if validate else None)
+            metrics = self.validate() if validate else None
+            self.state.elapsed_seconds += time.perf_counter() - epoch_started
+            self._record(epoch, stats, metrics)
             if self.state.epochs_without_improvement >= train.patience:
                 logger.info(
                     "early stop: %s did not improve for %d epochs", train.monitor, train.patience

@@ -40,9 +40,11 @@ from seqrec.training.loop import (
     FitResult,
     Trainer,
     check_train_config,
+    log_epoch,
     resolve_device,
     seed_everything,
 )
+from seqrec.training.tensorboard import tensorboard_callback
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +114,9 @@ def train_experiment(
     resolved = _resolved(config, model, data)
     if started:
         _check_resume(run_dir, config, resolved)
-    else:
+    if config.train.tensorboard:  # fails here, before any write, when the extra is missing
+        on_epoch_end = tensorboard_callback(run_dir / "tensorboard", on_epoch_end or log_epoch)
+    if not started:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_json(resolved, run_dir / CONFIG)
         data.id_map.save(run_dir / ID_MAP)

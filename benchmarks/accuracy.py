@@ -1,0 +1,128 @@
+"""SASRec accuracy on ML-1M and Amazon Beauty: trains each ready config to early stopping,
+then evaluates the best model under the paper's sampled protocol and under full ranking.
+
+Prints a Markdown table (the README's results table comes from it) with the command that
+reproduces each number, and writes the same rows to <out>/accuracy.json. A run directory
+that exists is resumed, so an interrupted benchmark continues where it stopped.
+
+    .venv/bin/python benchmarks/accuracy.py --data-dir ../shared/data
+    .venv/bin/python benchmarks/accuracy.py --experiments ml-1m_sasrec --max-epochs 5  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from seqrec.config import experiment_from_raw, load_raw
+from seqrec.training.run import evaluate_model, train_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Published numbers, leave-one-out (anchors.md): (protocol, HR@10, NDCG@10, source).
+PUBLISHED: dict[str, list[tuple[str, float, float, str]]] = {
+    "ml-1m_sasrec": [
+        ("sampled", 0.8245, 0.5905, "SASRec paper, Table III"),
+        ("full", 0.2500, 0.1341, "SASRec (BCE) in Klenitskiy & Vasilev 2023"),
+    ],
+    "ml-1m_sasrec-ce": [("full", 0.3152, 0.1821, "SASRec+ in Klenitskiy & Vasilev 2023")],
+    "beauty_sasrec": [("sampled", 0.4854, 0.3219, "SASRec paper, Table III (its Beauty)")],
+    "beauty_sasrec-ce": [("full", 0.0921, 0.0531, "SASRec+SS, eSASRec README (same Beauty)")],
+    "video-games_sasrec": [("sampled", 0.7410, 0.5360, "SASRec paper, Table III")],
+}
+DEFAULT = ["ml-1m_sasrec", "ml-1m_sasrec-ce", "beauty_sasrec", "beauty_sasrec-ce"]
+
+
+def run(name: str, out: Path, data_dir: str | None, overrides: list[str]) -> list[dict[str, Any]]:
+    config_path = REPO / "configs" / f"{name}.yaml"
+    config = experiment_from_raw(load_raw(config_path, overrides))
+    run_dir = out / name
+    outcome = train_experiment(config, run_dir, data_dir=data_dir, resume=True)
+    history = outcome.fit.history
+    best = next(row for row in history if row["epoch"] == outcome.fit.best_epoch)
+    rows = []
+    for protocol in ("sampled", "full"):
+        eval_config = dataclasses.replace(config.eval, protocol=protocol, filter_seen=True)
+        if eval_config == config.eval:
+            result = outcome.test
+        else:
+            result = evaluate_model(outcome.model, outcome.data, eval_config)
+        published = [p for p in PUBLISHED.get(name, []) if p[0] == protocol]
+        set_flags = "".join(f" --set {o}" for o in overrides)
+        rows.append(
+            {
+                "experiment": name,
+                "dataset": outcome.data.name,
+                "protocol": protocol,
+                "HR@10": result.metrics["HR@10"],
+                "NDCG@10": result.metrics["NDCG@10"],
+                "NDCG@10_ci95": result.ci95["NDCG@10"],
+                "published_HR@10": published[0][1] if published else None,
+                "published_NDCG@10": published[0][2] if published else None,
+                "published_source": published[0][3] if published else None,
+                "epochs": outcome.fit.epochs,
+                "best_epoch": outcome.fit.best_epoch,
+                "seconds_to_best_epoch": best["elapsed_seconds"],
+                "median_epoch_seconds": sorted(r["epoch_seconds"] for r in history)[
+                    len(history) // 2
+                ],
+                "users": result.num_users,
+                "command": (
+                    f"seqrec train --config configs/{name}.yaml{set_flags} --out {run_dir} && "
+                    f"seqrec evaluate {run_dir} --protocol {protocol} --filter-seen"
+                ),
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| experiment | protocol | HR@10 | NDCG@10 (± 95% CI) | published HR@10 / NDCG@10 "
+        "| best epoch / epochs | time to best epoch |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        published = (
+            f"{r['published_HR@10']:.4f} / {r['published_NDCG@10']:.4f}"
+            if r["published_HR@10"] is not None
+            else "–"
+        )
+        lines.append(
+            f"| {r['experiment']} | {r['protocol']} | {r['HR@10']:.4f} | "
+            f"{r['NDCG@10']:.4f} ± {r['NDCG@10_ci95']:.4f} | {published} | "
+            f"{r['best_epoch']} / {r['epochs']} | {r['seconds_to_best_epoch'] / 60:.1f} min |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", nargs="+", default=DEFAULT, choices=sorted(PUBLISHED))
+    parser.add_argument("--out", default="runs/accuracy", help="parent of the run directories")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--max-epochs", type=int, default=None, help="cap epochs (smoke runs)")
+    parser.add_argument("--set", action="append", default=[], help="override a config key")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    overrides = list(args.set) + ["train.progress=False"]
+    if args.max_epochs is not None:
+        overrides.append(f"train.max_epochs={args.max_epochs}")
+    out = Path(args.out)
+    rows: list[dict[str, Any]] = []
+    for name in args.experiments:
+        rows += run(name, out, args.data_dir, overrides)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "accuracy.json").write_text(json.dumps(rows, indent=2) + "\n")
+        print(markdown(rows[-2:]), flush=True)
+    print("\n" + markdown(rows))
+    for r in rows:
+        print(f"- {r['experiment']} {r['protocol']}: `{r['command']}`")
+
+
+if __name__ == "__main__":
+    main()
