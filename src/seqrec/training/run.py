@@ -21,6 +21,7 @@ from seqrec.config import (
     experiment_from_raw,
 )
 from seqrec.data.prepare import prepare
+from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import EvalResult, evaluate
 from seqrec.models.base import SequentialRecommender, build_model, build_model_config
@@ -159,8 +160,18 @@ def evaluate_model(
 
 
 def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> PreparedData:
-    """The prepared data a run was trained on; refuses data whose ids differ from the run's."""
-    data = prepare(run.config.data, data_dir)
+    """The prepared data a run was trained on; refuses data whose ids differ from the run's.
+
+    Without ``data_dir``, the folder the run was trained from is tried when the usual places
+    (``$SEQREC_DATA_DIR``, the cache) do not have the dataset.
+    """
+    try:
+        data = prepare(run.config.data, data_dir)
+    except DataError:
+        trained_from = Path(str(run.resolved.get("dataset", {}).get("source", "")))
+        if data_dir is not None or not trained_from.is_file():
+            raise
+        data = prepare(run.config.data, trained_from.parent.parent)
     if data.id_map.items != run.id_map.items or data.id_map.users != run.id_map.users:
         raise RunDirError(
             "the prepared data does not match the run's id map (the dataset or its "
