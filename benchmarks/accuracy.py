@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="override a config key")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    overrides = list(args.set) + ["train.progress=False"]
+    overrides = [*args.set, "train.progress=False"]
     if args.max_epochs is not None:
         overrides.append(f"train.max_epochs={args.max_epochs}")
     out = Path(args.out)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from seqrec.batch import PAD_ID, SeqBatch
+from tests.env import isolate
 from tests.tiny import NUM_ITEMS, B, L, S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,10 +17,12 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No test reaches the network or writes to the user's cache."""
-    monkeypatch.setenv("SEQREC_OFFLINE", "1")
-    monkeypatch.setenv("SEQREC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No network, no user cache or data directory, no debug tracebacks; torch threads restored."""
+    isolate(monkeypatch, tmp_path / "seqrec-cache")
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

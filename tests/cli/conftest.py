@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 import pytest
-import torch
 
-from tests.cli.helpers import isolate, prefixed_log, tiny_raw, train_isolated
-
-
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """No network, no user cache or data directory, no debug tracebacks; torch threads restored."""
-    isolate(monkeypatch, tmp_path / "seqrec-cache")
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+from tests.cli.helpers import prefixed_log, tiny_raw, train_isolated
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import yaml
 from seqrec.config import experiment_from_raw
 from seqrec.data.synthetic import generate
 from seqrec.training.run import train_experiment
+from tests.env import isolate
 
 # The console script installed next to the interpreter that runs the tests (.venv/bin/seqrec).
 SEQREC = Path(sys.executable).with_name("seqrec")
@@ -41,14 +42,6 @@ def tiny_raw(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def write_yaml(path: Path, raw: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def isolate(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
-    """Offline, a private cache, no user data directory, no debug tracebacks."""
-    monkeypatch.setenv("SEQREC_OFFLINE", "1")
-    monkeypatch.setenv("SEQREC_CACHE_DIR", str(cache_dir))
-    monkeypatch.delenv("SEQREC_DATA_DIR", raising=False)
-    monkeypatch.delenv("SEQREC_DEBUG", raising=False)
 
 
 def train_isolated(raw: dict[str, dict[str, Any]], run_dir: Path, cache_dir: Path) -> Path:
