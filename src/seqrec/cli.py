@@ -13,11 +13,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seqrec.config import ConfigError, experiment_from_raw, load_raw
 from seqrec.data.schema import DataError
 from seqrec.training.checkpoint import RunDirError
+
+if TYPE_CHECKING:
+    from seqrec.evaluation import EvalResult
 
 EXIT_BAD_INPUT = 2
 EXIT_PARTIAL = 3  # batch recommend: some lines could not be answered
@@ -35,7 +38,7 @@ def _metric_table(metrics: dict[str, float], ci95: dict[str, float], ks: Sequenc
     return "\n".join(lines)
 
 
-def print_result(result: Any, title: str) -> None:
+def print_result(result: EvalResult, title: str) -> None:
     """A readable results table with the protocol, for stdout."""
     ks = sorted({int(name.split("@")[1]) for name in result.metrics})
     print(f"{title} — {result.split} split, {result.num_users:,} users")

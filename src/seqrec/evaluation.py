@@ -135,13 +135,21 @@ def evaluate(
 ) -> EvalResult:
     """Rank every target of ``eval_set`` and compute every metric at every k.
 
+    Models that only return a top-k list (no ``score``) are ranked inside their top
+    max(ks): a target outside it gets rank max(ks) + 1, which no metric at any k counts.
+
     all_sequences: every user's full sequence; sampled negatives avoid all of it.
     item_counts: (N + 1,) training popularity, needed for popularity-sampled negatives.
     """
     model.eval()
-    max_len = int(getattr(model.config, "max_seq_len", 200))
+    max_len = model.config.max_seq_len
     sampler = None
     if config.protocol == "sampled":
+        if not isinstance(model, ScoringRecommender):
+            raise ValueError(
+                f"the sampled protocol ranks candidates by score; {model.config.name} only "
+                "returns a top-k list, so evaluate it with protocol: full"
+            )
         weights = None
         if config.negative_sampling == "popularity":
             if item_counts is None:

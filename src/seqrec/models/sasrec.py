@@ -225,7 +225,8 @@ class SASRec(ScoringRecommender):
                 weights.append(w)
         return self.ln_f(x), weights
 
-    def _user_vector(self, users: Tensor | None, like: Tensor) -> Tensor | None:
+    def _user_vector(self, users: Tensor | None) -> Tensor | None:
+        """(B, D) U_u for the model with a user embedding; None otherwise."""
         if self.user_emb is None:
             return None
         if users is None:
@@ -238,7 +239,7 @@ class SASRec(ScoringRecommender):
         hidden, _ = self.encode(batch.input_ids)  # (B, L, D)
         labels = batch.labels[:, -hidden.size(1) :]
         real = labels != PAD_ID  # (B, L): only real positions carry a loss
-        user = self._user_vector(batch.users, hidden)
+        user = self._user_vector(batch.users)
         if user is not None:
             hidden = hidden + user.unsqueeze(1)
         # Gather the real positions once; index_select/embedding have cheap backward passes.
@@ -261,7 +262,7 @@ class SASRec(ScoringRecommender):
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
         hidden, _ = self.encode(input_ids, last_only=True)
         last = hidden[:, -1]  # (B, D); left padding puts the newest item last
-        user = self._user_vector(users, last)
+        user = self._user_vector(users)
         if user is not None:
             last = last + user
         return last @ self.output_embedding().T  # (B, N + 1)
