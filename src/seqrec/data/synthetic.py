@@ -15,11 +15,11 @@ Generative story (all users advance one step at a time, vectorised across users)
   replacing an interest by a new one (drift).
 * Other steps re-consume an item seen 2-5 steps earlier (repeats) or pick a globally
   popular item (noise).
+* Timestamps are integer seconds, strictly increasing per user; users start at different
+  times and are active over overlapping windows, so a global time cut splits them.
 
 Memory is O(users x longest sequence) plus a (users x min(items, 1024)) "seen" table,
 so it is meant for demo and test sizes, not for millions of users.
-* Timestamps are integer seconds, strictly increasing per user; users start at different
-  times and are active over overlapping windows, so a global time cut splits them.
 """
 
 from __future__ import annotations
