@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -27,10 +26,10 @@ def sequences(log: pl.DataFrame) -> list[Seq]:
     return ordered.group_by("user_id", maintain_order=True).agg("item_id")["item_id"].to_list()
 
 
-def test_default_size_is_fast_and_about_fifty_per_user() -> None:
-    start = time.perf_counter()
+def test_default_size_is_about_fifty_per_user() -> None:
+    # Generation speed (about 0.3 s at this size) is a benchmark figure, not a test: a
+    # wall-clock bound fails on a loaded machine.
     df = synthetic_interactions(DataConfig(dataset="synthetic"))
-    assert time.perf_counter() - start < 2.0
     assert df.columns == ["user_id", "item_id", "timestamp"]
     assert df["user_id"].n_unique() == 2000
     assert 40 <= df.height / 2000 <= 60
