@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -49,27 +48,23 @@ def test_shared_dataset_prepares_with_readme_stats(
         assert spec.stats == (users, items, interactions)
 
 
-def test_ml_1m_default_config_and_timing(shared_data: Path, tmp_path: Path) -> None:
-    start = time.perf_counter()
+def test_ml_1m_default_config_and_cache_round_trip(shared_data: Path, tmp_path: Path) -> None:
+    # Preparation and cache-load times are figures of benchmarks/data_prep.py, not tests.
     prepared = prepare(DataConfig(), shared_data, cache_dir=tmp_path)
-    built = time.perf_counter() - start
     assert (prepared.num_users, prepared.num_items, len(prepared.sequences.items)) == (
         6040,
         3416,
         999611,
     )
     assert len(prepared.split.test) == len(prepared.split.valid) == 6040
-    start = time.perf_counter()
-    prepare(DataConfig(), shared_data, cache_dir=tmp_path)
-    loaded = time.perf_counter() - start
-    assert built < 10.0
-    assert loaded < 1.0
+    cached = prepare(DataConfig(), shared_data, cache_dir=tmp_path)
+    assert cached.id_map == prepared.id_map
+    assert (cached.sequences.items == prepared.sequences.items).all()
+    assert (cached.split.test.targets == prepared.split.test.targets).all()
 
 
-def test_reading_ml_1m_sequences_is_fast(shared_data: Path) -> None:
-    start = time.perf_counter()
+def test_reading_ml_1m_sequences(shared_data: Path) -> None:
     df = read_interactions(shared_data / "ml-1m" / "ml-1m.sequences.txt.gz")
-    assert time.perf_counter() - start < 2.0
     assert df.height == 1000209
 
 

@@ -148,9 +148,7 @@ def test_resume_of_a_finished_run_returns_the_same_results(
     weights = load_torch(run_dir / "model.pt")
 
     args = ["--config", str(config)] if with_config else []
-    started = time.perf_counter()
     assert main(["train", *args, "--out", str(run_dir), "--resume"]) == 0, capsys.readouterr()
-    assert time.perf_counter() - started < 30
     assert read_jsonl(run_dir / "metrics.jsonl") == rows  # no epoch was trained again
     resumed = json.loads((run_dir / "results.json").read_text())
     assert resumed == pytest.approx(results, abs=1e-9)
