@@ -80,6 +80,7 @@ def test_positions_are_counted_from_the_right(batch: SeqBatch) -> None:
         {"loss": "ce"},
         {"loss": "sampled_softmax"},
         {"ffn_size": 37},
+        {"dropout_placement": "reference"},
     ],
     ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
 )

@@ -11,7 +11,7 @@ Differences from the reference implementation, all deliberate:
 - Blocks are true pre-LayerNorm with dropout on each sublayer's output,
   g'(x) = x + Dropout(g(LN(x))), as the paper writes it (Eq. 4). The reference normalises
   only the queries, adds the residual to the normalised input, and applies dropout to the
-  attention weights and inside the FFN instead; ``attention_dropout`` restores the former.
+  attention weights and after each FFN layer instead: ``dropout_placement: reference``.
 - Padded keys are masked out of attention (the reference only zeroes padded embeddings, so
   real positions still attend to zero vectors at padded positions). Outputs at real
   positions therefore do not depend on how much padding a batch has, which lets training
@@ -52,7 +52,9 @@ class SASRecConfig(ModelConfig):
     num_heads: int = 1
     ffn_size: int | None = None  # inner width of the point-wise FFN; None = hidden_size (paper)
     dropout: float = 0.2  # 0.2 on ML-1M, 0.5 on the sparse datasets in the paper
-    attention_dropout: float = 0.0  # on the attention weights; the reference code uses `dropout`
+    # "paper": Dropout(g(x)) on each sublayer's output (Eq. 4); "reference": as kang205's
+    # code, on the attention weights and after each of the FFN's two layers.
+    dropout_placement: Literal["paper", "reference"] = "paper"
     positional_embedding: bool = True
     shared_embedding: bool = True  # False: a second item matrix N scores the output
     residual: bool = True
@@ -70,9 +72,8 @@ class SASRecConfig(ModelConfig):
             )
         if self.num_layers < 0:
             raise ConfigError(f"model.num_layers must be >= 0, got {self.num_layers}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.num_negatives < 1:
             raise ConfigError(f"model.num_negatives must be >= 1, got {self.num_negatives}")
         if self.user_embedding and self.num_users < 1:
@@ -85,7 +86,7 @@ class SelfAttention(nn.Module):
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
         self.num_heads = config.num_heads
-        self.dropout = config.attention_dropout
+        self.dropout = config.dropout if config.dropout_placement == "reference" else 0.0
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
 
@@ -119,13 +120,20 @@ class FeedForward(nn.Module):
         inner = config.ffn_size or config.hidden_size
         self.fc1 = nn.Linear(config.hidden_size, inner)
         self.fc2 = nn.Linear(inner, config.hidden_size)
+        # The reference code drops after each layer; the paper drops the sublayer output.
+        p = config.dropout if config.dropout_placement == "reference" else 0.0
+        self.dropout = Dropout(p)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.relu(self.fc1(x)))
+        return self.dropout(self.fc2(self.dropout(F.relu(self.fc1(x)))))
 
 
 class Block(nn.Module):
-    """Pre-LN, Eq. (4) of the paper: x + Dropout(Attn(LN(x))), then x + Dropout(FFN(LN(x)))."""
+    """Pre-LN: x + Dropout(Attn(LN(x))), then x + Dropout(FFN(LN(x))) (paper, Eq. 4).
+
+    With ``dropout_placement: reference`` the two outer dropouts are off and the attention
+    weights and FFN layers drop instead, as in the reference code.
+    """
 
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
@@ -134,7 +142,7 @@ class Block(nn.Module):
         self.attn = SelfAttention(config)
         self.ln_ffn = nn.LayerNorm(config.hidden_size)
         self.ffn = FeedForward(config)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout if config.dropout_placement == "paper" else 0.0)
 
     def forward(
         self, x: Tensor, mask: Tensor, need_weights: bool = False, last_only: bool = False
