@@ -343,8 +343,7 @@ def _try_download(spec: DatasetSpec, root: Path, allowed: bool, timeout: float) 
 
 
 def _missing_message(spec: DatasetSpec, searched: list[Path], cache: Path, problem: str) -> str:
-    first = spec.files[0]
-    names = " or ".join(first.candidates())
+    names = " or ".join(name for file in spec.files for name in file.candidates())
     where = ", ".join(str(root / spec.name) for root in searched)
     return (
         f"dataset {spec.name!r} not found: put {names} into <DIR>/{spec.name}/ and pass "
