@@ -12,19 +12,9 @@ import pytest
 
 from seqrec.cli import main
 from seqrec.data.synthetic import generate
+from tests.tiny import REQUIRED_DATASETS
 
-DATASETS = [
-    "ml-1m",
-    "ml-100k",
-    "amazon-beauty",
-    "amazon-sports",
-    "amazon-toys",
-    "amazon-video-games",
-    "yelp",
-    "lastfm",
-    "steam",
-    "synthetic",
-]
+DATASETS = REQUIRED_DATASETS
 SMALL = ["--set", "data.synthetic_users=300", "--set", "data.synthetic_items=200"]
 NO_KCORE = ["--set", "data.min_user_interactions=1", "--set", "data.min_item_interactions=1"]
 

@@ -17,19 +17,9 @@ from seqrec.data.datasets import (
 )
 from seqrec.data.info import dataset_table
 from seqrec.data.schema import DataError
+from tests.tiny import REQUIRED_DATASETS
 
-REQUIRED = [
-    "ml-1m",
-    "ml-100k",
-    "amazon-beauty",
-    "amazon-sports",
-    "amazon-toys",
-    "amazon-video-games",
-    "yelp",
-    "lastfm",
-    "steam",
-    "synthetic",
-]
+REQUIRED = REQUIRED_DATASETS
 
 
 def put(root: Path, dataset: str, name: str, text: str = "1 2 3\n") -> Path:
