@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from seqrec.config import ConfigError, experiment_from_raw, load_raw
 from seqrec.data.schema import DataError
+from seqrec.metrics import METRICS
 from seqrec.training.checkpoint import RunDirError
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _metric_table(metrics: dict[str, float], ci95: dict[str, float], ks: Sequence[int]) -> str:
-    names = ("HR", "NDCG", "MRR", "Recall")
+    names = tuple(METRICS)
     header = f"{'K':>4}  " + "  ".join(f"{n:>17}" for n in names)
     lines = [header]
     for k in ks:

@@ -35,14 +35,6 @@ SAMPLED_LOSSES: dict[SampledLossName, SampledLoss] = {
 }
 
 
-def full_ce(logits: Tensor, labels: Tensor) -> Tensor:
-    """Softmax cross-entropy over the whole catalogue: logits (P, N + 1), labels (P,).
-
-    Column PAD_ID (0) must already be masked to -inf by the caller.
-    """
-    return F.cross_entropy(logits.float(), labels)
-
-
 def full_ce_reference(hidden: Tensor, items: Tensor, labels: Tensor) -> Tensor:
     """Mean softmax cross-entropy of ``hidden @ items.T`` over items 1..N (0 is padding).
 

@@ -28,6 +28,7 @@ from seqrec.config import ConfigError, ExperimentConfig, TrainConfig
 from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import evaluate
+from seqrec.metrics import METRICS
 from seqrec.models.base import SequentialRecommender
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
 
@@ -57,7 +58,7 @@ def epoch_seeds(seed: int, epoch: int) -> tuple[np.random.Generator, int]:
 
 def check_train_config(config: ExperimentConfig) -> None:
     """Settings that can only be checked against each other or the machine."""
-    names = [f"{m}@{k}" for k in config.eval.ks for m in ("HR", "NDCG", "MRR", "Recall")]
+    names = [f"{m}@{k}" for k in config.eval.ks for m in METRICS]
     if config.train.monitor not in names:
         raise ConfigError(
             f"train.monitor {config.train.monitor!r} is not a computed metric; "
