@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Literal
 
 from torch import Tensor
 
 PAD_ID = 0  # item id 0 is padding everywhere; real items are 1..num_items
+
+# How training negatives are drawn: uniformly or by training popularity (both excluding the
+# user's own items), or taken from the other targets of the same batch.
+NegativeSampler = Literal["uniform", "popularity", "in_batch"]
+
+
+@dataclass(frozen=True)
+class BatchNeeds:
+    """What a model asks of its training batches beyond inputs and next-item labels."""
+
+    num_negatives: int = 0  # sampled negatives per position (or per sequence when shared)
+    negative_sampler: NegativeSampler = "uniform"
+    shared_negatives: bool = False  # one set of negatives per sequence, (B, S) not (B, L, S)
+    sampling_alpha: float = 1.0  # popularity sampling draws item j with p ~ count_j ** alpha
+    log_q: bool = False  # attach log sampling probabilities for logQ correction
+    same_target_sequences: bool = False  # DuoRec: another history with the same next item
 
 
 @dataclass(frozen=True)
@@ -15,14 +32,21 @@ class SeqBatch:
 
     input_ids: (B, L) item ids, PAD_ID on the left.
     labels: (B, L) next-item targets per position, PAD_ID = no loss at that position.
-    negatives: (B, L, S) sampled negative items per position (losses that need them).
+    negatives: (B, L, S) sampled negative items per position, or (B, S) shared by a row's
+        positions (losses that need them).
     users: (B,) 0-based user indices (models with a user embedding).
+    log_q: (N + 1,) log probability with which the batch's sampler draws each item as a
+        negative (logQ correction); None means uniform, where the correction is a constant.
+    same_target_ids: (B, L') left-padded history of another training sequence whose next
+        item is the label at this row's last position (DuoRec's supervised positives).
     """
 
     input_ids: Tensor
     labels: Tensor | None = None
     negatives: Tensor | None = None
     users: Tensor | None = None
+    log_q: Tensor | None = None
+    same_target_ids: Tensor | None = None
 
     def to(self, device: str | object) -> SeqBatch:
         moved = {

@@ -3,36 +3,94 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-SampledLoss = Callable[[Tensor, Tensor], Tensor]
-SampledLossName = Literal["bce", "sampled_softmax"]
+# Every sampled loss maps positive logits (P,), negative logits (P, S) and a validity mask
+# (P, S) -- False where a negative must be ignored, e.g. an in-batch negative that is the
+# position's own target -- to a scalar averaged over positions.
+SampledLoss = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
 
-def bce_with_negatives(pos_logits: Tensor, neg_logits: Tensor) -> Tensor:
-    """SASRec's objective over real positions: pos (P,), neg (P, S) -> scalar.
+def _masked(neg_logits: Tensor, valid: Tensor | None, fill: float) -> Tensor:
+    return neg_logits if valid is None else neg_logits.masked_fill(~valid, fill)
 
-    -[log sigma(r_pos) + sum_s log(1 - sigma(r_neg_s))], averaged over positions.
-    """
+
+def bce_with_negatives(
+    pos_logits: Tensor, neg_logits: Tensor, valid: Tensor | None = None
+) -> Tensor:
+    """SASRec's objective: -[log sigma(r_pos) + sum_s log(1 - sigma(r_neg_s))], mean over P."""
     pos = F.softplus(-pos_logits)  # -log sigma(x)
-    neg = F.softplus(neg_logits).sum(dim=-1)  # -log(1 - sigma(x))
+    neg = F.softplus(_masked(neg_logits, valid, float("-inf"))).sum(dim=-1)  # -log(1 - sigma)
     return (pos + neg).mean()
 
 
-def sampled_softmax(pos_logits: Tensor, neg_logits: Tensor) -> Tensor:
-    """Cross-entropy over {positive} + S negatives, positive at index 0: (P,), (P, S)."""
+def sampled_softmax(pos_logits: Tensor, neg_logits: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Cross-entropy over {positive} + S negatives, positive at index 0: (P,), (P, S).
+
+    logQ correction is applied by the caller, who knows the sampling distribution.
+    """
+    neg_logits = _masked(neg_logits, valid, float("-inf"))
     logits = torch.cat([pos_logits.unsqueeze(-1), neg_logits], dim=-1)  # (P, 1 + S)
     return -logits.log_softmax(dim=-1)[:, 0].mean()
 
 
-SAMPLED_LOSSES: dict[SampledLossName, SampledLoss] = {
-    "bce": bce_with_negatives,
-    "sampled_softmax": sampled_softmax,
-}
+def gbce(
+    pos_logits: Tensor,
+    neg_logits: Tensor,
+    valid: Tensor | None = None,
+    *,
+    num_items: int,
+    t: float,
+) -> Tensor:
+    """gBCE (Petrov & Macdonald, RecSys 2023): BCE whose positive term is raised to beta.
+
+    With k uniform negatives out of N - 1 items the sampling rate is alpha = k / (N - 1) and
+    beta = alpha * (t * (1 - 1 / alpha) + 1 / alpha); t = 0 is plain BCE, t = 1 makes the
+    model's sigmoid calibrated to the full-softmax probabilities.
+    """
+    k = neg_logits.size(-1)
+    alpha = k / max(num_items - 1, 1)
+    beta = alpha * (t * (1.0 - 1.0 / alpha) + 1.0 / alpha)
+    pos = beta * F.softplus(-pos_logits)  # -log sigma(x) ** beta
+    neg = F.softplus(_masked(neg_logits, valid, float("-inf"))).sum(dim=-1)
+    return (pos + neg).mean()
+
+
+def bpr(pos_logits: Tensor, neg_logits: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Bayesian personalised ranking: -log sigma(r_pos - r_neg), mean over valid pairs."""
+    pairwise = F.softplus(neg_logits - pos_logits.unsqueeze(-1))  # (P, S)
+    if valid is None:
+        return pairwise.mean()
+    weights = valid.to(pairwise.dtype)
+    per_position = (pairwise * weights).sum(-1) / weights.sum(-1).clamp(min=1.0)
+    return per_position.mean()
+
+
+def _negative_softmax(neg_logits: Tensor, valid: Tensor | None) -> Tensor:
+    """GRU4Rec's max-losses weight each negative by its softmax score among the negatives."""
+    return _masked(neg_logits, valid, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+
+
+def bpr_max(
+    pos_logits: Tensor, neg_logits: Tensor, valid: Tensor | None = None, *, reg: float = 1.0
+) -> Tensor:
+    """GRU4Rec+ BPR-max (Hidasi & Karatzoglou, CIKM 2018):
+    -log sum_j s_j sigma(r_pos - r_j) + reg * sum_j s_j r_j^2, s = softmax over negatives."""
+    weights = _negative_softmax(neg_logits, valid)
+    neg = neg_logits.masked_fill(weights == 0, 0.0)  # keeps masked gradients finite
+    ranking = (weights * torch.sigmoid(pos_logits.unsqueeze(-1) - neg)).sum(-1)
+    return (-torch.log(ranking + 1e-24) + reg * (weights * neg.square()).sum(-1)).mean()
+
+
+def top1_max(pos_logits: Tensor, neg_logits: Tensor, valid: Tensor | None = None) -> Tensor:
+    """GRU4Rec+ TOP1-max: sum_j s_j (sigma(r_j - r_pos) + sigma(r_j^2))."""
+    weights = _negative_softmax(neg_logits, valid)
+    neg = neg_logits.masked_fill(weights == 0, 0.0)
+    terms = torch.sigmoid(neg - pos_logits.unsqueeze(-1)) + torch.sigmoid(neg.square())
+    return (weights * terms).sum(-1).mean()
 
 
 def full_ce_reference(hidden: Tensor, items: Tensor, labels: Tensor) -> Tensor:

@@ -6,14 +6,14 @@ Nothing here loops over users or interactions in Python: a batch is a gather fro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from seqrec.batch import PAD_ID, SeqBatch
+from seqrec.batch import PAD_ID, BatchNeeds, SeqBatch
 from seqrec.data.sequences import IntArray, Sequences
 
 _BUCKET_BATCHES = 50  # batches per length-sorted bucket: less padding, still shuffled
@@ -28,7 +28,14 @@ def window(
     Returns index (B, L) (0 where padded) and a real-item mask (B, L).
     """
     ends = sequences.offsets[rows + 1] - drop_last  # exclusive end of each window
-    lengths = np.minimum(ends - sequences.offsets[rows], max_len).clip(min=0)
+    return window_between(sequences.offsets[rows], ends, max_len)
+
+
+def window_between(
+    starts: IntArray, ends: IntArray, max_len: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """``window`` for explicit [start, end) ranges of ``Sequences.items``."""
+    lengths = np.minimum(ends - starts, max_len).clip(min=0)
     L = max(int(lengths.max(initial=0)), 1)
     steps = np.arange(L) - L  # (L,): -L .. -1
     real = steps[None, :] >= -lengths[:, None]
@@ -60,6 +67,22 @@ class SeenIndex:
         return self._keys[pos] == keys
 
 
+ItemDraw = Callable[[np.random.Generator, int], npt.NDArray[np.int64]]
+
+
+def uniform_items(num_items: int) -> ItemDraw:
+    """Draws item ids uniformly from 1..N."""
+    return lambda rng, n: rng.integers(1, num_items + 1, size=n)
+
+
+def weighted_items(weights: npt.NDArray[np.float64]) -> ItemDraw:
+    """Draws item ids with probability proportional to ``weights`` (N + 1,), by inverting
+    the cumulative distribution (one binary search per draw)."""
+    cdf = np.cumsum(weights / weights.sum())
+    cdf[-1] = 1.0
+    return lambda rng, n: np.searchsorted(cdf, rng.random(n), side="right").astype(np.int64)
+
+
 def sample_negatives(
     rows: IntArray,
     shape: tuple[int, ...],
@@ -67,17 +90,62 @@ def sample_negatives(
     num_items: int,
     rng: np.random.Generator,
     max_rounds: int = 64,
+    draw: ItemDraw | None = None,
 ) -> npt.NDArray[np.int64]:
-    """Items drawn uniformly from 1..N that row ``rows[b]`` never contains: (B, *shape)."""
-    out = rng.integers(1, num_items + 1, size=(len(rows), *shape))
+    """Items that row ``rows[b]`` never contains, (B, *shape); uniform from 1..N unless
+    ``draw`` says otherwise."""
+    draw = draw or uniform_items(num_items)
+    out = draw(rng, len(rows) * int(np.prod(shape))).reshape(len(rows), *shape)
     row_grid = rows.reshape(-1, *([1] * len(shape)))
     bad = seen.contains(row_grid, out)
     for _ in range(max_rounds):  # rejection sampling; each round redraws only the rejected
         if not bad.any():
             break
-        out[bad] = rng.integers(1, num_items + 1, size=int(bad.sum()))
+        out[bad] = draw(rng, int(bad.sum()))
         bad = seen.contains(np.broadcast_to(row_grid, out.shape), out)
     return out
+
+
+def target_counts(sequences: Sequences, num_items: int) -> npt.NDArray[np.int64]:
+    """(N + 1,) how often each item is a next-item target (every item but a row's first)."""
+    first = np.zeros(len(sequences.items), dtype=bool)
+    first[sequences.offsets[:-1][sequences.lengths > 0]] = True
+    return np.bincount(sequences.items[~first], minlength=num_items + 1).astype(np.int64)
+
+
+class SameTargetIndex:
+    """Finds, for a target item, a random training prefix that is followed by it (DuoRec)."""
+
+    def __init__(self, sequences: Sequences, num_items: int) -> None:
+        first = np.zeros(len(sequences.items), dtype=bool)
+        first[sequences.offsets[:-1][sequences.lengths > 0]] = True
+        positions = np.flatnonzero(~first)  # indices of items that are someone's target
+        order = np.argsort(sequences.items[positions], kind="stable")
+        self._positions = positions[order]
+        self._bounds = np.searchsorted(
+            sequences.items[self._positions], np.arange(num_items + 2)
+        )  # occurrences of item j are _positions[_bounds[j]:_bounds[j + 1]]
+        self._row_of = np.repeat(np.arange(len(sequences.lengths)), sequences.lengths)
+        self._offsets = sequences.offsets
+
+    def sample(self, targets: IntArray, avoid: IntArray, rng: np.random.Generator) -> IntArray:
+        """Index in ``items`` of a random occurrence of each target, not ``avoid`` if possible.
+
+        Returns the occurrence's index; its prefix is the history that preceded it.
+        """
+        lo, hi = self._bounds[targets], self._bounds[targets + 1]
+        count = hi - lo
+        if (count < 1).any():
+            raise ValueError("a target item never occurs as a training target")
+        pick = lo + (rng.random(len(targets)) * count).astype(np.int64)
+        chosen = self._positions[pick]
+        clash = (chosen == avoid) & (count > 1)  # step to the next occurrence instead
+        pick[clash] = lo[clash] + (pick[clash] - lo[clash] + 1) % count[clash]
+        return self._positions[pick]
+
+    def prefix_bounds(self, occurrence: IntArray) -> tuple[IntArray, IntArray]:
+        """[start, end) in ``items`` of the history before each occurrence."""
+        return self._offsets[self._row_of[occurrence]], occurrence
 
 
 @dataclass
@@ -85,7 +153,9 @@ class TrainBatches:
     """Next-item training batches: input = row[:-1], labels = row[1:], last max_seq_len kept.
 
     Each epoch shuffles users, groups them into length-sorted buckets (so a batch pads only
-    to its own longest sequence) and shuffles the batch order.
+    to its own longest sequence) and shuffles the batch order. ``needs`` says what else a
+    batch carries: negatives (uniform or popularity-sampled, per position or per row), the
+    log sampling probabilities for logQ correction, and same-target histories.
     """
 
     sequences: Sequences
@@ -93,11 +163,31 @@ class TrainBatches:
     num_items: int
     max_seq_len: int
     batch_size: int
-    num_negatives: int = 0
+    needs: BatchNeeds = field(default_factory=BatchNeeds)
 
     def __post_init__(self) -> None:
         self._rows = np.flatnonzero(self.sequences.lengths >= 2)
-        self._seen = SeenIndex(self.sequences, self.num_items) if self.num_negatives else None
+        needs = self.needs
+        counts = target_counts(self.sequences, self.num_items)
+        self._seen = SeenIndex(self.sequences, self.num_items) if needs.num_negatives else None
+        self._draw = uniform_items(self.num_items)
+        weights = np.ones(self.num_items + 1)
+        weights[PAD_ID] = 0.0
+        if needs.negative_sampler == "popularity":
+            weights = counts.astype(np.float64) ** needs.sampling_alpha * (counts > 0)
+            self._draw = weighted_items(weights)
+        elif needs.negative_sampler == "in_batch":  # negatives are targets: p ~ count
+            weights = counts.astype(np.float64)
+        self._log_q = None
+        if needs.log_q:
+            q = weights / weights.sum()
+            # Items never drawn get a finite floor: they are never negatives, and as targets
+            # (impossible for an item with no target occurrence) they must not be infinite.
+            floor = q[q > 0].min() if (q > 0).any() else 1.0
+            self._log_q = torch.from_numpy(np.log(np.maximum(q, floor)).astype(np.float32))
+        self._same_target = (
+            SameTargetIndex(self.sequences, self.num_items) if needs.same_target_sequences else None
+        )
 
     def __len__(self) -> int:
         return -(-len(self._rows) // self.batch_size)
@@ -124,15 +214,40 @@ class TrainBatches:
         items = self.sequences.items
         inputs = np.where(real, items[index], PAD_ID).astype(np.int64)  # (B, L)
         labels = np.where(real, items[index + 1], PAD_ID).astype(np.int64)  # next items
-        negatives = None
-        if self._seen is not None:
-            neg = sample_negatives(
-                rows, (index.shape[1], self.num_negatives), self._seen, self.num_items, rng
-            )
-            negatives = torch.from_numpy(np.where(real[..., None], neg, PAD_ID))
         return SeqBatch(
             input_ids=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),
-            negatives=negatives,
+            negatives=self._negatives(rows, real, rng),
             users=torch.from_numpy(self.users[rows].astype(np.int64)),
+            log_q=self._log_q,
+            same_target_ids=self._same_target_histories(rows, rng),
         )
+
+    def _negatives(
+        self, rows: IntArray, real: npt.NDArray[np.bool_], rng: np.random.Generator
+    ) -> torch.Tensor | None:
+        if self._seen is None:
+            return None
+        S = self.needs.num_negatives
+        if self.needs.shared_negatives:  # (B, S)
+            return torch.from_numpy(
+                sample_negatives(rows, (S,), self._seen, self.num_items, rng, draw=self._draw)
+            )
+        neg = sample_negatives(
+            rows, (real.shape[1], S), self._seen, self.num_items, rng, draw=self._draw
+        )
+        return torch.from_numpy(np.where(real[..., None], neg, PAD_ID))  # (B, L, S)
+
+    def _same_target_histories(
+        self, rows: IntArray, rng: np.random.Generator
+    ) -> torch.Tensor | None:
+        """(B, L') for each row, another history whose next item is the row's last target."""
+        if self._same_target is None:
+            return None
+        last = self.sequences.offsets[rows + 1] - 1  # index of each row's last target
+        targets = self.sequences.items[last].astype(np.int64)
+        occurrence = self._same_target.sample(targets, last, rng)
+        starts, ends = self._same_target.prefix_bounds(occurrence)
+        index, real = window_between(starts, ends, self.max_seq_len)
+        ids = np.where(real, self.sequences.items[index], PAD_ID).astype(np.int64)
+        return torch.from_numpy(ids)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import Tensor, nn
 
-from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
+from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
 from seqrec.config import ConfigError, from_dict
 from seqrec.registry import Registry
 
@@ -33,6 +33,11 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
+
+    @property
+    def batch_needs(self) -> BatchNeeds:
+        """What training batches must carry besides inputs and labels (negatives, ...)."""
+        return BatchNeeds()
 
 
 class SequentialRecommender(nn.Module, ABC):
@@ -56,9 +61,8 @@ class SequentialRecommender(nn.Module, ABC):
         """(B, L) left-padded histories -> (B, k) item ids, best first; never PAD_ID."""
 
     @property
-    def num_negatives(self) -> int:
-        """Sampled negatives per position the training batches must carry (0 = none)."""
-        return 0
+    def batch_needs(self) -> BatchNeeds:
+        return self.config.batch_needs
 
     @property
     def uses_users(self) -> bool:

@@ -19,9 +19,10 @@ Differences from the reference implementation, all deliberate:
 - Positions are counted from the right: the newest item always gets position
   max_seq_len - 1, exactly as with the reference's left padding to max_seq_len.
 - The point-wise FFN uses nn.Linear where the reference uses a 1x1 Conv1d (same function).
-- Losses are computed only at real positions; ``loss: ce`` (full softmax cross-entropy, the
-  "SASRec+" of Klenitskiy & Vasilev 2023) and ``sampled_softmax`` are available besides the
-  paper's BCE with one uniformly sampled negative per position.
+- Losses are computed only at real positions. Besides the paper's BCE with one uniformly
+  sampled negative per position, the whole loss menu is available: ``loss: ce`` (full
+  softmax cross-entropy, the "SASRec+" of Klenitskiy & Vasilev 2023), sampled softmax with
+  logQ correction, gBCE, BPR and GRU4Rec+'s BPR-max / TOP1-max.
 """
 
 from __future__ import annotations
@@ -35,17 +36,15 @@ from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
 from seqrec.config import ConfigError
-from seqrec.losses import SAMPLED_LOSSES, fused_full_ce
-from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
+from seqrec.models.base import ScoringRecommender, register_model
+from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.masks import attention_mask
 
-SASRecLoss = Literal["bce", "sampled_softmax", "ce"]
-
 
 @dataclass(frozen=True, kw_only=True)
-class SASRecConfig(ModelConfig):
+class SASRecConfig(ItemLossConfig):
     name: ClassVar[str] = "sasrec"
     hidden_size: int = 50  # d; the paper's default
     num_layers: int = 2  # self-attention blocks b (0-3 in the ablation)
@@ -60,8 +59,7 @@ class SASRecConfig(ModelConfig):
     residual: bool = True
     scale_embedding: bool = True  # item embeddings * sqrt(d), as the reference code does
     user_embedding: bool = False  # r = (U_u + F_t) . M_i
-    loss: SASRecLoss = "bce"
-    num_negatives: int = 1  # sampled negatives per position (bce, sampled_softmax)
+    loss: LossName = "bce"  # the paper's; any of the loss menu (seqrec.models.objective)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,8 +72,6 @@ class SASRecConfig(ModelConfig):
             raise ConfigError(f"model.num_layers must be >= 0, got {self.num_layers}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
-        if self.num_negatives < 1:
-            raise ConfigError(f"model.num_negatives must be >= 1, got {self.num_negatives}")
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
 
@@ -191,10 +187,6 @@ class SASRec(ScoringRecommender):
                     module.weight[module.padding_idx].zero_()
 
     @property
-    def num_negatives(self) -> int:
-        return 0 if self.config.loss == "ce" else self.config.num_negatives
-
-    @property
     def uses_users(self) -> bool:
         return self.config.user_embedding
 
@@ -246,25 +238,10 @@ class SASRec(ScoringRecommender):
             raise ValueError("SASRec.forward needs batch.labels")
         hidden, _ = self.encode(batch.input_ids)  # (B, L, D)
         labels = batch.labels[:, -hidden.size(1) :]
-        real = labels != PAD_ID  # (B, L): only real positions carry a loss
         user = self._user_vector(batch.users)
         if user is not None:
             hidden = hidden + user.unsqueeze(1)
-        # Gather the real positions once; index_select/embedding have cheap backward passes.
-        where = real.view(-1).nonzero().squeeze(1)  # (P,)
-        h = hidden.reshape(-1, hidden.size(-1)).index_select(0, where)  # (P, D)
-        targets = labels.reshape(-1).index_select(0, where).long()  # (P,)
-        items = self.output_embedding()
-        if self.config.loss == "ce":  # softmax over items 1..N, logits never materialised
-            loss = fused_full_ce(h, items, targets)
-        else:
-            if batch.negatives is None:
-                raise ValueError(f"SASRec loss {self.config.loss!r} needs batch.negatives")
-            negatives = batch.negatives[:, -hidden.size(1) :]
-            negatives = negatives.reshape(-1, negatives.size(-1)).index_select(0, where)  # (P, S)
-            pos_logits = (h * F.embedding(targets, items)).sum(-1)  # (P,)
-            neg_logits = torch.einsum("pd,psd->ps", h, F.embedding(negatives.long(), items))
-            loss = SAMPLED_LOSSES[self.config.loss](pos_logits, neg_logits)
+        loss = dot_product_loss(self.config, hidden, labels, batch, self.output_embedding())
         return ModelOutput(loss=loss, hidden=hidden)
 
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:

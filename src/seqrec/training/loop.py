@@ -187,7 +187,7 @@ class Trainer:
             num_items=data.num_items,
             max_seq_len=model.config.max_seq_len,
             batch_size=config.train.batch_size,
-            num_negatives=model.num_negatives,
+            needs=model.batch_needs,
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
