@@ -44,5 +44,9 @@ def batch() -> SeqBatch:
     negatives = torch.randint(1, NUM_ITEMS + 1, (B, L, S), generator=g)
     negatives = torch.where(real.unsqueeze(-1), negatives, PAD_ID)
     return SeqBatch(
-        input_ids=input_ids, labels=labels, negatives=negatives, users=torch.arange(B) % 4
+        input_ids=input_ids,
+        labels=labels,
+        negatives=negatives,
+        users=torch.arange(B) % 4,
+        same_target_ids=input_ids.roll(1, dims=0),  # stands in for DuoRec's positives
     )

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from seqrec.losses import bce_with_negatives, full_ce_reference, fused_full_ce, sampled_softmax
+from seqrec.losses import (
+    bce_with_negatives as bce,
+)
+from seqrec.losses import (
+    bpr,
+    bpr_max,
+    full_ce_reference,
+    fused_full_ce,
+    gbce,
+    sampled_softmax,
+    top1_max,
+)
 
 
 def test_bce_by_hand() -> None:
     pos, neg = torch.tensor([0.0, 2.0]), torch.tensor([[0.0], [-1.0]])
     expected = -(F.logsigmoid(pos) + F.logsigmoid(-neg[:, 0])).mean()
-    torch.testing.assert_close(bce_with_negatives(pos, neg), expected)
+    torch.testing.assert_close(bce(pos, neg), expected)
 
 
 def test_sampled_softmax_by_hand() -> None:
@@ -48,3 +61,59 @@ def test_fused_ce_without_gradients() -> None:
     torch.testing.assert_close(
         fused_full_ce(hidden, items, labels), full_ce_reference(hidden, items, labels)
     )
+
+
+def test_gbce_by_hand_and_its_limits() -> None:
+    pos, neg = torch.tensor([0.5, -1.0]), torch.tensor([[0.2, -0.3], [1.0, 0.0]])
+    num_items, t = 11, 0.75
+    alpha = 2 / 10
+    beta = alpha * (t * (1 - 1 / alpha) + 1 / alpha)
+    expected = -(beta * F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+    torch.testing.assert_close(gbce(pos, neg, num_items=num_items, t=t), expected)
+    torch.testing.assert_close(gbce(pos, neg, num_items=num_items, t=0.0), bce(pos, neg))
+    # with every other item sampled (k = N - 1) beta is 1 for any t
+    full = torch.zeros(2, 10)
+    torch.testing.assert_close(
+        gbce(pos, full, num_items=11, t=0.9), gbce(pos, full, num_items=11, t=0.0)
+    )
+
+
+def test_bpr_by_hand() -> None:
+    pos, neg = torch.tensor([1.0]), torch.tensor([[0.0, 3.0]])
+    expected = -(F.logsigmoid(torch.tensor(1.0)) + F.logsigmoid(torch.tensor(-2.0))) / 2
+    torch.testing.assert_close(bpr(pos, neg), expected)
+
+
+def test_bpr_max_and_top1_max_by_hand() -> None:
+    pos, neg = torch.tensor([0.5]), torch.tensor([[1.0, -2.0, 0.0]])
+    s = neg.softmax(-1)
+    expected = -torch.log((s * torch.sigmoid(pos - neg)).sum()) + 0.5 * (s * neg**2).sum()
+    torch.testing.assert_close(bpr_max(pos, neg, reg=0.5), expected)
+    top1 = (s * (torch.sigmoid(neg - pos) + torch.sigmoid(neg**2))).sum()
+    torch.testing.assert_close(top1_max(pos, neg), top1)
+
+
+LOSSES = {
+    "bce": bce,
+    "sampled_softmax": sampled_softmax,
+    "bpr": bpr,
+    "bpr_max": bpr_max,
+    "top1_max": top1_max,
+    "gbce": partial(gbce, num_items=50, t=0.5),
+}
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_masked_negatives_are_as_if_absent_with_finite_gradients(name: str) -> None:
+    loss = LOSSES[name]
+    g = torch.Generator().manual_seed(1)
+    pos = torch.randn(4, generator=g, requires_grad=True)
+    neg = torch.randn(4, 3, generator=g, requires_grad=True)
+    valid = torch.tensor([[True, False, True]] * 4)
+    value = loss(pos, neg, valid)
+    value.backward()
+    assert neg.grad is not None
+    assert torch.isfinite(neg.grad).all()
+    assert (neg.grad[:, 1] == 0).all()
+    if name != "gbce":  # gbce's beta depends on the number of sampled negatives
+        torch.testing.assert_close(value, loss(pos, neg[:, [0, 2]]))

@@ -1,0 +1,144 @@
+"""Training batches: next-item labels, negatives by sampler and sharing, logQ, same-target rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seqrec.batch import PAD_ID, BatchNeeds
+from seqrec.data.batches import TrainBatches, target_counts
+from seqrec.data.sequences import Sequences
+
+ROWS = [[1, 2, 3, 4], [2, 3], [5], [3, 1, 2, 3, 6, 2], [4, 2, 7]]
+NUM_ITEMS = 9  # items 8 and 9 never occur
+
+
+def make(needs: BatchNeeds, max_seq_len: int = 4, batch_size: int = 2) -> TrainBatches:
+    sequences = Sequences.from_lists(ROWS)
+    users = np.arange(len(ROWS), dtype=np.int64) + 10
+    return TrainBatches(sequences, users, NUM_ITEMS, max_seq_len, batch_size, needs=needs)
+
+
+def test_inputs_labels_and_users() -> None:
+    batches = make(BatchNeeds())
+    batch = batches.batch(np.array([0, 3]), np.random.default_rng(0))
+    # the last 4 items before each row's last, left-padded; labels are the next items
+    assert batch.input_ids.tolist() == [[0, 1, 2, 3], [1, 2, 3, 6]]
+    assert batch.labels is not None
+    assert batch.labels.tolist() == [[0, 2, 3, 4], [2, 3, 6, 2]]
+    assert batch.users is not None
+    assert batch.users.tolist() == [10, 13]
+    assert batch.negatives is None
+    assert batch.log_q is None
+    assert batch.same_target_ids is None
+
+
+def test_an_epoch_covers_every_trainable_row_once() -> None:
+    batches = make(BatchNeeds())
+    seen = sorted(u - 10 for b in batches.epoch(np.random.default_rng(1)) for u in b.users.tolist())  # type: ignore[union-attr]
+    assert seen == [0, 1, 3, 4]  # the one-item row has no target
+    assert batches.num_targets == 3 + 1 + 4 + 2  # row 3 capped at max_seq_len
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "popularity"])
+def test_negatives_per_position_avoid_the_users_items(sampler: str) -> None:
+    batches = make(BatchNeeds(num_negatives=5, negative_sampler=sampler))  # type: ignore[arg-type]
+    rows = np.array([0, 1, 3, 4])
+    batch = batches.batch(rows, np.random.default_rng(2))
+    assert batch.negatives is not None
+    assert batch.labels is not None
+    assert batch.negatives.shape == (4, 4, 5)
+    real = batch.labels != PAD_ID
+    assert (batch.negatives[~real] == PAD_ID).all()
+    for b, row in enumerate(rows):
+        drawn = set(batch.negatives[b][real[b]].flatten().tolist())
+        assert not drawn & set(ROWS[row]), (row, drawn)
+
+
+def test_shared_negatives_are_one_set_per_row() -> None:
+    batches = make(BatchNeeds(num_negatives=4, shared_negatives=True))
+    batch = batches.batch(np.array([0, 4]), np.random.default_rng(3))
+    assert batch.negatives is not None
+    assert batch.negatives.shape == (2, 4)
+    assert not set(batch.negatives[0].tolist()) & set(ROWS[0])
+
+
+def test_popularity_sampler_follows_target_counts() -> None:
+    counts = target_counts(Sequences.from_lists(ROWS), NUM_ITEMS)
+    assert counts.tolist() == [0, 1, 4, 3, 1, 0, 1, 1, 0, 0]  # first items are no targets
+    # A row that contains only item 5 may get every other item: frequencies ~ counts ** 1.
+    sequences = Sequences.from_lists([[5, 5], *ROWS])
+    batches = TrainBatches(
+        sequences,
+        np.arange(len(ROWS) + 1),
+        NUM_ITEMS,
+        4,
+        2,
+        needs=BatchNeeds(num_negatives=4000, negative_sampler="popularity", shared_negatives=True),
+    )
+    drawn = batches.batch(np.array([0]), np.random.default_rng(4)).negatives
+    assert drawn is not None
+    freq = np.bincount(drawn.flatten().numpy(), minlength=NUM_ITEMS + 1) / drawn.numel()
+    expected = target_counts(sequences, NUM_ITEMS).astype(float)
+    expected[5] = 0.0  # the row's own item is rejected
+    expected /= expected.sum()
+    np.testing.assert_allclose(freq, expected, atol=0.03)
+    assert freq[8] == freq[9] == 0.0
+
+
+def test_log_q_is_the_log_sampling_distribution() -> None:
+    needs = BatchNeeds(num_negatives=2, negative_sampler="popularity", log_q=True)
+    batch = make(needs).batch(np.array([0]), np.random.default_rng(5))
+    assert batch.log_q is not None
+    assert batch.log_q.shape == (NUM_ITEMS + 1,)
+    counts = np.array([0, 1, 4, 3, 1, 0, 1, 1, 0, 0], dtype=float)
+    q = np.exp(batch.log_q.numpy())
+    np.testing.assert_allclose(q[counts > 0], counts[counts > 0] / counts.sum(), rtol=1e-6)
+    assert np.isfinite(batch.log_q.numpy()).all()  # never-drawn items get a finite floor
+
+
+def test_in_batch_sampler_needs_no_drawn_negatives_but_gets_log_q() -> None:
+    needs = BatchNeeds(negative_sampler="in_batch", log_q=True)
+    batch = make(needs).batch(np.array([0, 1]), np.random.default_rng(6))
+    assert batch.negatives is None
+    assert batch.log_q is not None
+
+
+def test_same_target_histories_precede_the_rows_last_target() -> None:
+    batches = make(BatchNeeds(same_target_sequences=True), max_seq_len=3)
+    rows = np.array([0, 1, 3, 4])
+    sequences = Sequences.from_lists(ROWS)
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        batch = batches.batch(rows, rng)
+        assert batch.same_target_ids is not None
+        for b, row in enumerate(rows):
+            history = [i for i in batch.same_target_ids[b].tolist() if i != PAD_ID]
+            target = ROWS[row][-1]
+            assert 1 <= len(history) <= 3
+            # the history is a contiguous run of some row, followed in that row by target
+            assert any(
+                list(seq[start : start + len(history)]) == history
+                and start + len(history) < len(seq)
+                and seq[start + len(history)] == target
+                for seq in (sequences[r] for r in range(len(ROWS)))
+                for start in range(len(seq))
+            ), (row, history)
+
+
+def test_same_target_avoids_the_row_itself_when_it_can() -> None:
+    # row 3 ends with item 2, which also follows [1] in row 0, [3, 1] in row 3 and [4] in
+    # row 4; row 4's last item 7 occurs nowhere else, so its only positive is itself
+    batches = make(BatchNeeds(same_target_sequences=True))
+    rng = np.random.default_rng(8)
+
+    def positives(row: int) -> set[tuple[int, ...]]:
+        out = set()
+        for _ in range(40):
+            ids = batches.batch(np.array([row]), rng).same_target_ids
+            assert ids is not None
+            out.add(tuple(i for i in ids[0].tolist() if i != PAD_ID))
+        return out
+
+    assert positives(3) == {(1,), (3, 1), (4,)}
+    assert positives(4) == {(4, 2)}
