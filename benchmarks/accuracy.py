@@ -12,16 +12,11 @@ that exists is resumed, so an interrupted benchmark continues where it stopped.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from seqrec.config import experiment_from_raw, load_raw
-from seqrec.training.run import evaluate_model, train_experiment
-
-REPO = Path(__file__).resolve().parents[1]
+from common import save_rows, train_and_evaluate
 
 # Published numbers, leave-one-out (anchors.md): (protocol, HR@10, NDCG@10, source).
 PUBLISHED: dict[str, list[tuple[str, float, float, str]]] = {
@@ -38,45 +33,12 @@ DEFAULT = ["ml-1m_sasrec", "ml-1m_sasrec-ce", "beauty_sasrec", "beauty_sasrec-ce
 
 
 def run(name: str, out: Path, data_dir: str | None, overrides: list[str]) -> list[dict[str, Any]]:
-    config_path = REPO / "configs" / f"{name}.yaml"
-    config = experiment_from_raw(load_raw(config_path, overrides))
-    run_dir = out / name
-    outcome = train_experiment(config, run_dir, data_dir=data_dir, resume=True)
-    history = outcome.fit.history
-    best = next(row for row in history if row["epoch"] == outcome.fit.best_epoch)
-    rows = []
-    for protocol in ("sampled", "full"):
-        eval_config = dataclasses.replace(config.eval, protocol=protocol, filter_seen=True)
-        if eval_config == config.eval:
-            result = outcome.test
-        else:
-            result = evaluate_model(outcome.model, outcome.data, eval_config)
-        published = [p for p in PUBLISHED.get(name, []) if p[0] == protocol]
-        set_flags = "".join(f" --set {o}" for o in overrides)
-        rows.append(
-            {
-                "experiment": name,
-                "dataset": outcome.data.name,
-                "protocol": protocol,
-                "HR@10": result.metrics["HR@10"],
-                "NDCG@10": result.metrics["NDCG@10"],
-                "NDCG@10_ci95": result.ci95["NDCG@10"],
-                "published_HR@10": published[0][1] if published else None,
-                "published_NDCG@10": published[0][2] if published else None,
-                "published_source": published[0][3] if published else None,
-                "epochs": outcome.fit.epochs,
-                "best_epoch": outcome.fit.best_epoch,
-                "seconds_to_best_epoch": best["elapsed_seconds"],
-                "median_epoch_seconds": sorted(r["epoch_seconds"] for r in history)[
-                    len(history) // 2
-                ],
-                "users": result.num_users,
-                "command": (
-                    f"seqrec train --config configs/{name}.yaml{set_flags} --out {run_dir} && "
-                    f"seqrec evaluate {run_dir} --protocol {protocol} --filter-seen"
-                ),
-            }
-        )
+    rows = train_and_evaluate(name, out, data_dir, overrides)
+    for row in rows:
+        published = [p for p in PUBLISHED.get(name, []) if p[0] == row["protocol"]]
+        row["published_HR@10"] = published[0][1] if published else None
+        row["published_NDCG@10"] = published[0][2] if published else None
+        row["published_source"] = published[0][3] if published else None
     return rows
 
 
@@ -116,8 +78,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name in args.experiments:
         rows += run(name, out, args.data_dir, overrides)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "accuracy.json").write_text(json.dumps(rows, indent=2) + "\n")
+        save_rows(rows, out / "accuracy.json")
         print(markdown(rows[-2:]), flush=True)
     print("\n" + markdown(rows))
     for r in rows:
