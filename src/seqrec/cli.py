@@ -216,6 +216,84 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- analyze
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        raise ConfigError(f"expected numbers separated by commas, got {text!r}") from None
+
+
+def cmd_analyze_residual(args: argparse.Namespace) -> int:
+    from seqrec.analysis import ResidualOptions, analyzable, run_residual, write_residual_report
+    from seqrec.analysis.report import residual_summary_lines
+    from seqrec.training.checkpoint import load_run
+    from seqrec.training.loop import resolve_device
+    from seqrec.training.run import data_for_run
+
+    run = load_run(args.run_dir)
+    analyzable(run.model)  # refuse a model the diagnostics cannot run on, before any work
+    options = ResidualOptions(
+        alphas=_floats(args.alphas),
+        epsilons=_floats(args.epsilons),
+        shuffle_seeds=tuple(int(v) for v in _floats(args.shuffle_seeds)),
+        k=args.k,
+        filter_seen=args.filter_seen,
+        batch_size=args.batch_size,
+        device=str(resolve_device(args.device)),
+    )
+    data = data_for_run(run, args.data_dir)
+    run.model.to(options.device)
+    results = run_residual(run.model, data, options, progress=_stderr)
+    report, notes = write_residual_report(results, Path(args.out))
+    print("\n".join(residual_summary_lines(results)))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_analyze_attention(args: argparse.Namespace) -> int:
+    from seqrec.analysis import analyzable
+    from seqrec.analysis.attention import (
+        AttentionRun,
+        find_movies_file,
+        run_labels,
+        write_attention_report,
+    )
+    from seqrec.data.datasets import DATA_DIR_ENV
+    from seqrec.training.checkpoint import load_run
+    from seqrec.training.loop import resolve_device
+    from seqrec.training.run import data_for_run
+
+    device = resolve_device(args.device)
+    runs = []
+    for run_dir, label in zip(args.run_dirs, run_labels(args.run_dirs), strict=True):
+        run = load_run(run_dir)
+        analyzable(run.model, users=True)
+        data = data_for_run(run, args.data_dir)
+        source = str(run.resolved.get("dataset", {}).get("source", ""))
+        movies, note = find_movies_file(
+            data.name, source, [args.data_dir, os.environ.get(DATA_DIR_ENV)], args.movies
+        )
+        runs.append(
+            AttentionRun(
+                label, run.model.to(device), data.split.test, data.name, run.id_map, movies, note
+            )
+        )
+    report, notes = write_attention_report(
+        runs, Path(args.out), recent=args.recent, per_genre=args.per_genre, device=device
+    )
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"report: {report}")
+    return 0
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 # ---------------------------------------------------------------- parser
 def _common_data(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -293,6 +371,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None, help="override the demo's short schedule")
     _common_data(p)
     p.set_defaults(handler=cmd_demo)
+
+    analyze = sub.add_parser("analyze", help="diagnostics of trained models: residual, attention")
+    analyze_sub = analyze.add_subparsers(dest="analyze_command", required=True)
+    p = analyze_sub.add_parser(
+        "residual",
+        help="residual dominance / last-item reliance (Kozaki et al., RecSys 2026)",
+        description="HRLI/HRL2I, shuffles, mixing ratios, alpha sweep, non-final positions, "
+        "recovery q(alpha) and validation-selected alpha; tables, figures and report.md.",
+    )
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1", help="residual scales"
+    )
+    p.add_argument(
+        "--epsilons",
+        default="0,0.005,0.01,0.02,0.05,0.1,0.2,0.3",
+        help="relative HR tolerances for the alpha selection",
+    )
+    p.add_argument("--shuffle-seeds", default="0", help="seeds of the shuffles, e.g. 0,1,2")
+    p.add_argument("-k", type=int, default=10, help="HR@k / NDCG@k (default 10)")
+    p.add_argument(
+        "--filter-seen",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default: the dataset policy (on, off for repeat consumption)",
+    )
+    p.add_argument("--batch-size", type=int, default=256, help="users per chunk")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    _common_data(p)
+    p.set_defaults(handler=cmd_analyze_residual)
+    p = analyze_sub.add_parser(
+        "attention",
+        help="SASRec paper's attention heatmaps and ML-1M genre attention",
+        description="Average attention over the last positions per layer for each run (pass a "
+        "run with and one without positional embedding to compare), and the genre x genre "
+        "attention matrix for ML-1M runs.",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--movies", default=None, help="movies.dat (default: found beside the data)")
+    p.add_argument("--recent", type=int, default=15, help="last positions shown (default 15)")
+    p.add_argument("--per-genre", type=int, default=200, help="movies per genre (default 200)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    _common_data(p)
+    p.set_defaults(handler=cmd_analyze_attention)
     return parser
 
 

@@ -19,6 +19,10 @@ Differences from the reference implementation, all deliberate:
 - Positions are counted from the right: the newest item always gets position
   max_seq_len - 1, exactly as with the reference's left padding to max_seq_len.
 - The point-wise FFN uses nn.Linear where the reference uses a 1x1 Conv1d (same function).
+- Analysis hooks (not in the reference): ``residual_scale`` (alpha) scales the attention
+  sublayer's residual branch, x + Attn(LN(x)) -> alpha * x + Attn(LN(x)), at inference
+  (Kozaki et al., RecSys 2026); ``encode(..., trace=[])`` appends one ``AttentionRecord`` per
+  block with the tensors the block computed. Both are used by ``seqrec.analysis``.
 - Losses are computed only at real positions. Besides the paper's BCE with one uniformly
   sampled negative per position, the whole loss menu is available: ``loss: ce`` (full
   softmax cross-entropy, the "SASRec+" of Klenitskiy & Vasilev 2023), sampled softmax with
@@ -27,6 +31,7 @@ Differences from the reference implementation, all deliberate:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -124,11 +129,34 @@ class FeedForward(nn.Module):
         return self.dropout(self.fc2(self.dropout(F.relu(self.fc1(x)))))
 
 
+@dataclass(frozen=True)
+class AttentionRecord:
+    """What one block computed on its attention sublayer, for analysis (``encode(trace=...)``).
+
+    The block is pre-LN: ``y = alpha * x + Attn(LN_attn(x))``, and the LayerNorm that follows
+    the residual sum is the FFN sublayer's input norm, ``ln_ffn(y)``. The residual stream
+    carries ``y`` on; ``ln_ffn(y)`` is what the FFN reads. Tensors are the ones the model used
+    (no copies); ``attn`` and ``ln`` are the block's own modules (weights by reference).
+    """
+
+    x: Tensor  # (B, L, D) block input: the residual branch
+    attn_input: Tensor  # (B, L, D) LN_attn(x): queries, keys and values are computed from it
+    weights: Tensor  # (B, H, L, L) attention weights (rows: queries, columns: keys)
+    values: Tensor  # (B, H, L, D / H) value vectors LN_attn(x) W_V + b_V, per head
+    attn_output: Tensor  # (B, L, D) Attn(x) = concat_h(weights_h @ values_h) W_O^T + b_O
+    residual_scale: float  # alpha, 0.0 when the model has no residual connections
+    pre_ln: Tensor  # (B, L, D) y = alpha * x + Attn(x), the residual sum
+    ln_output: Tensor  # (B, L, D) ln_ffn(y), the LayerNorm applied to the residual sum
+    attn: SelfAttention  # its proj is W_O, b_O
+    ln: nn.LayerNorm  # gamma, beta, eps of ln_ffn
+
+
 class Block(nn.Module):
     """Pre-LN: x + Dropout(Attn(LN(x))), then x + Dropout(FFN(LN(x))) (paper, Eq. 4).
 
     With ``dropout_placement: reference`` the two outer dropouts are off and the attention
-    weights and FFN layers drop instead, as in the reference code.
+    weights and FFN layers drop instead, as in the reference code. ``residual_scale`` (alpha)
+    multiplies the attention sublayer's residual branch only; the FFN residual is untouched.
     """
 
     def __init__(self, config: SASRecConfig) -> None:
@@ -141,16 +169,58 @@ class Block(nn.Module):
         self.dropout = Dropout(config.dropout if config.dropout_placement == "paper" else 0.0)
 
     def forward(
-        self, x: Tensor, mask: Tensor, need_weights: bool = False, last_only: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor,
+        need_weights: bool = False,
+        last_only: bool = False,
+        residual_scale: float = 1.0,
+        trace: list[AttentionRecord] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        attended, weights = self.attn(self.ln_attn(x), mask, need_weights, last_only)
+        attn_input = self.ln_attn(x)
+        need_weights = need_weights or trace is not None
+        attended, weights = self.attn(attn_input, mask, need_weights, last_only)
         attended = self.dropout(attended)
         if last_only:
             x = x[:, -1:]
-        x = x + attended if self.residual else attended
-        fed = self.dropout(self.ffn(self.ln_ffn(x)))
-        x = x + fed if self.residual else fed
+        residual = x if residual_scale == 1.0 else residual_scale * x
+        y = residual + attended if self.residual else attended
+        normed = self.ln_ffn(y)
+        if trace is not None:
+            assert weights is not None
+            trace.append(self._record(x, attn_input, weights, attended, residual_scale, y, normed))
+        fed = self.dropout(self.ffn(normed))
+        x = y + fed if self.residual else fed
         return x, weights
+
+    def _record(
+        self,
+        x: Tensor,
+        attn_input: Tensor,
+        weights: Tensor,
+        attended: Tensor,
+        residual_scale: float,
+        y: Tensor,
+        normed: Tensor,
+    ) -> AttentionRecord:
+        B, L, D = x.shape
+        H = self.attn.num_heads
+        qkv = self.attn.qkv
+        # The value projection alone (the attention call does not return it): (B, H, L, D / H)
+        values = F.linear(attn_input, qkv.weight[2 * D :], qkv.bias[2 * D :])
+        values = values.view(B, L, H, D // H).transpose(1, 2)
+        return AttentionRecord(
+            x=x,
+            attn_input=attn_input,
+            weights=weights,
+            values=values,
+            attn_output=attended,
+            residual_scale=residual_scale if self.residual else 0.0,
+            pre_ln=y,
+            ln_output=normed,
+            attn=self.attn,
+            ln=self.ln_ffn,
+        )
 
 
 @register_model
@@ -173,6 +243,22 @@ class SASRec(ScoringRecommender):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(D)
         self.apply(self._init_weights)
+        self._residual_scale = 1.0
+
+    @property
+    def residual_scale(self) -> float:
+        """alpha on every block's attention residual, h = alpha * x + Attn(x); 1.0 = trained.
+
+        An inference-time probe (Kozaki et al., RecSys 2026, Sec. 5), not a hyperparameter:
+        it is not part of the config and is never saved. See ``seqrec.analysis.residual_scale``.
+        """
+        return self._residual_scale
+
+    @residual_scale.setter
+    def residual_scale(self, value: float) -> None:
+        if not math.isfinite(value):
+            raise ValueError(f"residual_scale must be a finite number, got {value}")
+        self._residual_scale = float(value)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -195,14 +281,23 @@ class SASRec(ScoringRecommender):
         return (self.out_emb or self.item_emb).weight
 
     def encode(
-        self, input_ids: Tensor, need_weights: bool = False, last_only: bool = False
+        self,
+        input_ids: Tensor,
+        need_weights: bool = False,
+        last_only: bool = False,
+        trace: list[AttentionRecord] | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """(B, L) left-padded item ids -> (B, L, D) hidden states, plus per-layer attention
         weights (B, H, L, L) when ``need_weights``.
 
         ``last_only`` returns (B, 1, D) for the newest position and skips the last block's
-        work for the other positions (what scoring needs).
+        work for the other positions (what scoring needs). ``trace``, a list, receives one
+        ``AttentionRecord`` per block (all positions; needs eval mode, not ``last_only``).
         """
+        if trace is not None and (last_only or self.training):
+            raise ValueError(
+                "encode(trace=...) needs eval mode and all positions (last_only=False)"
+            )
         input_ids = input_ids[:, -self.config.max_seq_len :]
         L = input_ids.size(1)
         x = self.item_emb(input_ids)  # (B, L, D)
@@ -220,8 +315,8 @@ class SASRec(ScoringRecommender):
         weights: list[Tensor] = []
         for index, block in enumerate(self.blocks):
             last = last_only and index == len(self.blocks) - 1
-            x, w = block(x, mask, need_weights, last)
-            if w is not None:
+            x, w = block(x, mask, need_weights, last, self._residual_scale, trace)
+            if w is not None and need_weights:
                 weights.append(w)
         return self.ln_f(x), weights
 

@@ -1,0 +1,162 @@
+"""The SASRec paper's sweeps on ML-1M: NDCG@10 against the hidden size d (Fig. 2) and against
+the maximum length n, with training time (Table V). One SASRec is trained to early stopping
+per point with the paper's ML-1M settings (configs/ml-1m_sasrec.yaml: 2 blocks, 1 head,
+dropout 0.2, BCE with one negative, Adam 1e-3, batch 128) and evaluated on test under the
+paper's sampled protocol (target + 100 never-seen items) and under full ranking.
+
+    d in {10, 20, 30, 40, 50} at n = 200;  n in {10, 50, 100, 200, 300, 400, 500, 600} at d = 50
+
+Prints a Markdown table per sweep beside the paper's Table V, writes every row to
+<out>/sweeps.json and the curves to <out>/sweep_d.png and <out>/sweep_n.png (matplotlib,
+``pip install 'seqrec[plot]'``). Run directories are resumed, so an interrupted sweep
+continues where it stopped.
+
+    .venv/bin/python benchmarks/sasrec_sweeps.py --data-dir ../shared/data          # many hours
+    .venv/bin/python benchmarks/sasrec_sweeps.py --data-dir ../shared/data --quick  # minutes
+
+``--quick`` trains 3 points (d 10 and 50 at n = 50, n = 10 at d = 50) for 2 epochs each: a
+check that the sweep runs end to end, not a reproduction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from common import save_rows, train_and_evaluate
+
+from seqrec.analysis.figures import matplotlib_missing, sweep_lines
+
+CONFIG = "ml-1m_sasrec"
+DIMS = (10, 20, 30, 40, 50)
+LENGTHS = (10, 50, 100, 200, 300, 400, 500, 600)
+DEFAULT_D, DEFAULT_N = 50, 200
+# SASRec paper Table V (anchors.md 1.2, unverified against the PDF): n -> (seconds, NDCG@10).
+PAPER_TABLE_V = {
+    10: (75, 0.480),
+    50: (101, 0.557),
+    100: (157, 0.571),
+    200: (341, 0.587),
+    300: (613, 0.593),
+    400: (965, 0.594),
+    500: (1400, 0.596),
+    600: (1900, 0.595),
+}
+
+
+def points(quick: bool) -> list[tuple[str, int, int]]:
+    """(sweep, d, n) for every training run; the shared point is trained once."""
+    if quick:
+        return [("d", 10, 50), ("d", 50, 50), ("n", 50, 10)]
+    return [("d", d, DEFAULT_N) for d in DIMS] + [("n", DEFAULT_D, n) for n in LENGTHS]
+
+
+def train_point(
+    d: int, n: int, out: Path, data_dir: str | None, extra: list[str]
+) -> list[dict[str, Any]]:
+    overrides = [f"model.hidden_size={d}", f"model.max_seq_len={n}", *extra]
+    rows = train_and_evaluate(CONFIG, out / f"d{d}_n{n}", data_dir, overrides)
+    return [{**row, "d": d, "n": n} for row in rows]
+
+
+def table(rows: list[dict[str, Any]], sweep: str, keys: list[tuple[int, int]]) -> str:
+    by_key = {(r["d"], r["n"], r["protocol"]): r for r in rows}
+    head = "| d | n | sampled NDCG@10 | full NDCG@10 | s/epoch | epochs (best) | total train |"
+    lines = [
+        head + (" paper NDCG@10 | paper time |" if sweep == "n" else ""),
+        "|" + "---:|" * (7 + (2 if sweep == "n" else 0)),
+    ]
+    for d, n in keys:
+        s, f = by_key.get((d, n, "sampled")), by_key.get((d, n, "full"))
+        if s is None or f is None:
+            continue
+        cells = [
+            str(d),
+            str(n),
+            f"{s['NDCG@10']:.4f}",
+            f"{f['NDCG@10']:.4f}",
+            f"{s['median_epoch_seconds']:.1f}",
+            f"{s['epochs']} ({s['best_epoch']})",
+            f"{s['train_seconds'] / 60:.1f} min",
+        ]
+        if sweep == "n":
+            paper = PAPER_TABLE_V.get(n)
+            cells += [f"{paper[1]:.3f}", f"{paper[0]} s"] if paper else ["–", "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figures(rows: list[dict[str, Any]], keys: dict[str, list[tuple[int, int]]], out: Path) -> None:
+    missing = matplotlib_missing()
+    if missing:
+        logging.warning("%s", missing)
+        return
+    sampled = {(r["d"], r["n"]): r for r in rows if r["protocol"] == "sampled"}
+    full = {(r["d"], r["n"]): r for r in rows if r["protocol"] == "full"}
+    for sweep, label in (("d", "hidden size d"), ("n", "maximum length n")):
+        done = [k for k in keys[sweep] if k in sampled and k in full]
+        if not done:
+            continue
+        x = [k[0] if sweep == "d" else k[1] for k in done]
+        series = {
+            "sampled (100 negatives)": (x, [sampled[k]["NDCG@10"] for k in done]),
+            "full ranking": (x, [full[k]["NDCG@10"] for k in done]),
+        }
+        if sweep == "n":
+            papers = [k for k in done if k[1] in PAPER_TABLE_V]
+            series["paper, Table V (sampled)"] = (
+                [k[1] for k in papers],
+                [PAPER_TABLE_V[k[1]][1] for k in papers],
+            )
+        sweep_lines(
+            series,
+            label,
+            "test NDCG@10",
+            f"SASRec on ML-1M: NDCG@10 vs {label}",
+            out / f"sweep_{sweep}.png",
+        )
+        seconds = {"s/epoch": (x, [sampled[k]["median_epoch_seconds"] for k in done])}
+        sweep_lines(
+            seconds,
+            label,
+            "median seconds per epoch",
+            f"training time vs {label}",
+            out / f"sweep_{sweep}_time.png",
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/sweeps", help="parent of the run directories")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--quick", action="store_true", help="3 points, 2 epochs each")
+    parser.add_argument("--max-epochs", type=int, default=None, help="cap epochs")
+    parser.add_argument("--set", action="append", default=[], help="override a config key")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    max_epochs = 2 if args.quick and args.max_epochs is None else args.max_epochs
+    extra = [*args.set, "train.progress=False"]
+    if max_epochs is not None:
+        extra += [f"train.max_epochs={max_epochs}", f"train.patience={max_epochs}"]
+    out = Path(args.out) / ("quick" if args.quick else "")
+    rows: list[dict[str, Any]] = []
+    keys: dict[str, list[tuple[int, int]]] = {"d": [], "n": []}
+    trained: set[tuple[int, int]] = set()
+    for sweep, d, n in points(args.quick):
+        keys[sweep].append((d, n))
+        if (d, n) not in trained:
+            rows += train_point(d, n, out, args.data_dir, extra)
+            trained.add((d, n))
+            save_rows(rows, out / "sweeps.json")
+    print("\n## NDCG@10 vs hidden size d (SASRec paper Fig. 2), test\n")
+    print(table(rows, "d", keys["d"]))
+    print("\n## NDCG@10 and training time vs maximum length n (SASRec paper Table V), test\n")
+    print(table(rows, "n", keys["n"]))
+    figures(rows, keys, out)
+    print(f"\nrows: {out / 'sweeps.json'}; figures: {out}/sweep_*.png")
+
+
+if __name__ == "__main__":
+    main()

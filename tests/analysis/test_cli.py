@@ -1,0 +1,180 @@
+"""``seqrec analyze residual|attention`` on a trained synthetic run: the files, the numbers
+that must match ``seqrec evaluate``, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import seqrec.analysis.figures
+from seqrec.cli import main
+from seqrec.training.run import evaluate_run
+from tests.cli.helpers import one_error_line
+
+FAST = ["--alphas", "0,0.5,1", "--epsilons", "0,0.1", "--shuffle-seeds", "0,1"]
+TABLES = [
+    "last_item_hits",
+    "shuffle",
+    "mixing",
+    "mixing_by_position",
+    "mixing_heatmaps",
+    "positions",
+    "alpha_sweep",
+    "alpha_selection",
+    "paper_table2",
+    "paper_table3",
+    "paper_table4",
+]
+FIGURES = ["fig1_shuffle", "fig3_mixing_heatmaps", "fig4_alpha", "fig5_recovery"]
+
+
+@pytest.fixture(scope="module")
+def residual_out(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("residual") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SEQREC_OFFLINE", "1")
+        code = main(["-q", "analyze", "residual", str(trained_run), "--out", str(out), *FAST])
+    assert code == 0
+    return out
+
+
+def test_residual_writes_tables_figures_and_report(residual_out: Path) -> None:
+    for name in TABLES:
+        assert (residual_out / f"{name}.csv").is_file(), name
+        assert isinstance(json.loads((residual_out / f"{name}.json").read_text()), list)
+    for name in [*FIGURES, "fig6_alpha_selection"]:
+        assert (residual_out / f"{name}.png").stat().st_size > 1000, name
+    report = (residual_out / "report.md").read_text()
+    for link in FIGURES:
+        assert f"({link}.png)" in report
+    assert "leave-one-out, as the run was trained" in report
+    summary = json.loads((residual_out / "summary.json").read_text())
+    assert summary["setting"]["filter_seen"] is True
+    assert [row["alpha"] for row in summary["alpha_sweep"]] == [0.0, 0.5, 1.0]
+    assert len(summary["shuffle"]) == 5  # original + 2 seeds x (partial, full)
+
+
+def test_residual_alpha_one_equals_seqrec_evaluate(residual_out: Path, trained_run: Path) -> None:
+    result, _ = evaluate_run(
+        trained_run, overrides={"protocol": "full", "filter_seen": True}, device="cpu"
+    )
+    summary = json.loads((residual_out / "summary.json").read_text())
+    at_one = next(row for row in summary["alpha_sweep"] if row["alpha"] == 1.0)
+    assert at_one["HR@10"] == result.metrics["HR@10"]
+    assert at_one["NDCG@10"] == result.metrics["NDCG@10"]
+    assert at_one["q_test"] in (0.0, None)  # q(1) = 0 by definition (None: S is empty)
+    original = next(row for row in summary["shuffle"] if row["condition"] == "original")
+    assert original["HR@10"] == result.metrics["HR@10"]
+    positions = summary["positions"][0]
+    assert positions["HR@10 at L"] == pytest.approx(result.metrics["HR@10"])
+
+
+def test_residual_without_matplotlib_still_writes_tables(
+    trained_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    message = seqrec.analysis.figures.NO_MATPLOTLIB
+    monkeypatch.setattr(seqrec.analysis.figures, "matplotlib_missing", lambda: message)
+    out = tmp_path / "out"
+    args = ["--alphas", "0.5,1", "--epsilons", "0.1", "-k", "5"]
+    assert main(["-q", "analyze", "residual", str(trained_run), "--out", str(out), *args]) == 0
+    assert "matplotlib is not installed" in capsys.readouterr().err
+    assert not list(out.glob("*.png"))
+    assert (out / "alpha_sweep.csv").is_file()
+    assert "matplotlib is not installed" in (out / "report.md").read_text()
+
+
+def test_attention_with_genres_writes_heatmaps_and_genre_matrix(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    movies = tmp_path / "movies.dat"
+    genres = ["Sci-Fi", "Romance", "Animation", "Horror"]
+    movies.write_text("".join(f"{i}::Movie {i} (2000)::{genres[i % 4]}\n" for i in range(300)))
+    out = tmp_path / "out"
+    argv = ["-q", "analyze", "attention", str(trained_run), "--out", str(out)]
+    assert main([*argv, "--movies", str(movies), "--per-genre", "20"]) == 0
+    for name in ("attention_heatmaps", "genre_attention"):
+        assert (out / f"{name}.csv").is_file()
+    rows = json.loads((out / "genre_attention.json").read_text())
+    assert {row["query_genre"] for row in rows} == set(genres)
+    assert (out / "fig_attention_heatmaps.png").is_file()
+    assert (out / "fig_genre_attention.png").is_file()
+    assert "Genre x genre" in (out / "report.md").read_text()
+    assert "report:" in capsys.readouterr().out
+
+
+def test_attention_without_genres_says_why(
+    trained_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    message = seqrec.analysis.figures.NO_MATPLOTLIB
+    monkeypatch.setattr(seqrec.analysis.figures, "matplotlib_missing", lambda: message)
+    out = tmp_path / "out"
+    runs = [str(trained_run), str(trained_run)]  # the same run twice: labels must stay apart
+    assert main(["-q", "analyze", "attention", *runs, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "genre attention is for ML-1M" in err
+    assert "matplotlib is not installed" in err
+    rows = json.loads((out / "attention_heatmaps.json").read_text())
+    assert len({row["run"] for row in rows}) == 2
+    assert not (out / "genre_attention.csv").exists()
+
+
+@pytest.mark.parametrize("command", ["residual", "attention"])
+def test_a_pop_run_is_refused_in_one_line(
+    command: str, pop_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(["analyze", command, str(pop_run), "--out", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "causal self-attention" in line
+    assert "'pop'" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["residual", "attention"])
+def test_a_missing_run_dir_is_one_error_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["analyze", command, str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "does not exist" in one_error_line(capsys.readouterr().err)
+
+
+def test_alphas_must_include_one(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "analyze",
+        "residual",
+        str(trained_run),
+        "--out",
+        str(tmp_path / "o"),
+        "--alphas",
+        "0,0.5",
+    ]
+    assert main(argv) == 2
+    assert "must include 1.0" in one_error_line(capsys.readouterr().err)
+
+
+# The diagnostics are functions of a model and prepared data; loading a run directory is the
+# CLI's job (seqrec.analysis.depth, a run-level command, is outside this rule).
+DIAGNOSTICS = ["hooks", "decomposition", "residual", "attention", "report", "tables", "figures"]
+
+
+def test_diagnostics_do_not_import_training_serving_or_cli() -> None:
+    from tests.core.test_layering import SRC, imported_modules
+
+    for file in [SRC / "analysis" / f"{name}.py" for name in DIAGNOSTICS]:
+        bad = {
+            m
+            for m in imported_modules(file)
+            if m.startswith(("seqrec.training", "seqrec.serving", "seqrec.cli"))
+        }
+        assert not bad, f"{file.name} imports {sorted(bad)}"
