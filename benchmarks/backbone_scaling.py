@@ -1,0 +1,380 @@
+"""How SASRec and Mamba4Rec scale with the history length, on this machine.
+
+At matched width (hidden 64; SASRec+ with 2 blocks and full softmax CE, Mamba4Rec with its
+1 layer, N=32, K=4, E=2) and a catalogue of 3,416 items (ML-1M's), on random full-length
+histories, for each history length:
+
+- train step: forward + backward of one batch (``--batch-size`` users, loss at every position);
+- backbone step: the same without the catalogue softmax (``encode`` -> sum -> backward);
+- one user: latency of ``score`` for a single history (inference mode);
+- peak memory of the training steps. CPU: growth of the process's peak RSS (``ru_maxrss``)
+  over its RSS just before the first step, in a fresh process per measurement, so it counts
+  everything the steps allocate (autograd buffers, allocator slack), not what is reused
+  from the model and the inputs. CUDA: ``torch.cuda.max_memory_allocated`` over the
+  allocation before the first step.
+
+It also prints the fast selective scan against the sequential reference (forward +
+backward, d_inner 128, N 32), the fast scan's forward against a log-depth (Hillis-Steele)
+variant of its blocks, Mamba4Rec's incremental ``step`` against re-encoding a 200-item
+history, and the Mamba block alone at batch 128 x length 200 (d 64, N 32).
+
+Timings are medians; on a shared machine they move with the other load.
+
+    .venv/bin/python benchmarks/backbone_scaling.py --quick
+    .venv/bin/python benchmarks/backbone_scaling.py --threads 2 --out runs/backbone_scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+NUM_ITEMS = 3416  # ML-1M after 5-core filtering
+HIDDEN = 64
+MODELS: dict[str, dict[str, Any]] = {
+    "sasrec": {"name": "sasrec", "num_layers": 2, "num_heads": 1, "dropout": 0.1, "loss": "ce"},
+    "mamba4rec": {"name": "mamba4rec", "num_layers": 1, "state_size": 32, "dropout": 0.2},
+}
+
+
+def timed(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``repeats`` calls after one warm-up call."""
+    fn()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_model(
+    name: str, length: int, batch_size: int, repeats: int, device: str
+) -> dict[str, Any]:
+    """One (model, length) point, run in its own process by ``main``."""
+    import torch
+
+    from seqrec.batch import SeqBatch
+    from seqrec.models import build_model, build_model_config
+
+    torch.manual_seed(0)
+    section = {**MODELS[name], "hidden_size": HIDDEN, "max_seq_len": length}
+    model = build_model(build_model_config(section, num_items=NUM_ITEMS)).to(device)
+    items = torch.randint(1, NUM_ITEMS + 1, (batch_size, length + 1), device=device)
+    batch = SeqBatch(input_ids=items[:, :-1], labels=items[:, 1:])
+
+    def train_step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(batch).loss.backward()
+
+    def backbone_step() -> None:
+        model.zero_grad(set_to_none=True)
+        model.encode(batch.input_ids)[0].sum().backward()
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    model.train()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = current_rss_bytes()
+    train = timed(lambda: (train_step(), sync()), repeats)
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    backbone = timed(lambda: (backbone_step(), sync()), repeats)
+    model.eval()
+    one = batch.input_ids[:1]
+    with torch.inference_mode():
+        latency = timed(lambda: (model.score(one), sync()), max(repeats, 5))
+    return {
+        "model": name,
+        "length": length,
+        "batch_size": batch_size,
+        "train_step_s": train,
+        "backbone_step_s": backbone,
+        "one_user_latency_ms": latency * 1e3,
+        "train_peak_mib": peak / 2**20,
+        "memory_measure": "cuda max_memory_allocated" if device == "cuda" else "ru_maxrss growth",
+    }
+
+
+def _log_depth_forward(u: Any, delta: Any, A: Any, B: Any, C: Any, block: int) -> Any:
+    """The fast scan's forward with a Hillis-Steele scan inside each block instead of one
+    multiply-add per step (kept here only to measure the design choice)."""
+    import torch
+
+    ut, dt = u.permute(2, 0, 1), delta.permute(2, 0, 1)
+    Bt, Ct = B.permute(2, 0, 1), C.permute(2, 0, 1)
+    state = u.new_zeros(u.size(0), u.size(1), A.size(1))
+    ys = []
+    for s in range(0, u.size(-1), block):
+        a = torch.exp(dt[s : s + block, ..., None] * A)  # (T, B, D, N)
+        h = (dt * ut)[s : s + block, ..., None] * Bt[s : s + block, :, None, :]
+        h[0] += a[0] * state
+        step = 1
+        while step < h.size(0):  # log2(T) passes over the block
+            h = torch.cat([h[:step], torch.addcmul(h[step:], a[step:], h[:-step])])
+            a = torch.cat([a[:step], a[step:] * a[:-step]])
+            step *= 2
+        state = h[-1]
+        ys.append(torch.einsum("tbdn,tbn->tbd", h, Ct[s : s + block]))
+    return torch.cat(ys).permute(1, 2, 0)
+
+
+def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> dict[str, Any]:
+    import torch
+
+    from seqrec.nn.selective_scan import selective_scan_fast, selective_scan_reference
+
+    g = torch.Generator().manual_seed(0)
+    channels, state = 2 * HIDDEN, 32
+    u = torch.randn(batch_size, channels, length, generator=g)
+    delta = torch.nn.functional.softplus(torch.randn(batch_size, channels, length, generator=g))
+    A = -torch.arange(1.0, state + 1).repeat(channels, 1)
+    B = torch.randn(batch_size, state, length, generator=g)
+    C = torch.randn(batch_size, state, length, generator=g)
+    D = torch.ones(channels)
+    args = [t.requires_grad_() for t in (u, delta, A, B, C, D)]
+
+    def run(scan: Callable[..., Any]) -> Callable[[], None]:
+        return lambda: scan(*args)[0].sum().backward()
+
+    row: dict[str, Any] = {"length": length, "batch_size": batch_size}
+    row["fast_s"] = timed(run(selective_scan_fast), repeats)
+    with torch.no_grad():
+        row["fast_forward_s"] = timed(lambda: selective_scan_fast(*args), repeats)
+        block = max(1, min(length, (1 << 21) // (batch_size * channels * state)))
+        row["log_depth_forward_s"] = timed(
+            lambda: _log_depth_forward(u, delta, A, B, C, block), repeats
+        )
+    if length <= reference_max:
+        row["reference_s"] = timed(run(selective_scan_reference), 1)
+        row["speedup"] = row["reference_s"] / row["fast_s"]
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
+
+
+def incremental_row(users: int, repeats: int) -> dict[str, Any]:
+    """Mamba4Rec: one ``step`` after a 200-item history against re-encoding all 201 items."""
+    import torch
+
+    from seqrec.models import build_model, build_model_config
+
+    torch.manual_seed(0)
+    section = {**MODELS["mamba4rec"], "hidden_size": HIDDEN, "max_seq_len": 201}
+    model = build_model(build_model_config(section, num_items=NUM_ITEMS)).eval()
+    ids = torch.randint(1, NUM_ITEMS + 1, (users, 201))
+    state, _ = model.init_state(ids[:, :200])
+    with torch.inference_mode():
+        step = timed(lambda: model.step(state, ids[:, 200]), max(repeats, 20))
+        full = timed(lambda: model.score(ids), max(repeats, 5))
+    return {"users": users, "history": 200, "step_ms": step * 1e3, "reencode_ms": full * 1e3}
+
+
+def measure_block(repeats: int) -> dict[str, Any]:
+    """The Mamba block alone (in_proj, conv, scan, gate, out_proj), batch 128 x length 200."""
+    import torch
+
+    from seqrec.models.mamba4rec import Mamba4RecConfig, MambaBlock
+
+    torch.manual_seed(0)
+    config = Mamba4RecConfig(num_items=NUM_ITEMS, hidden_size=HIDDEN, state_size=32, scan="fast")
+    block = MambaBlock(config)
+    x = torch.randn(128, 200, HIDDEN, requires_grad=True)
+    real = torch.ones(128, 200, dtype=torch.bool)
+
+    def step() -> None:
+        block.zero_grad(set_to_none=True)
+        block(x, real, "fast", False, False)[0].sum().backward()
+
+    return {
+        "batch_size": 128,
+        "length": 200,
+        "hidden": HIDDEN,
+        "state": 32,
+        "step_s": timed(step, repeats),
+    }
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
+    import torch
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    kind = spec["kind"]
+    if kind == "model":
+        return measure_model(
+            spec["model"], spec["length"], spec["batch_size"], spec["repeats"], spec["device"]
+        )
+    if kind == "scans":
+        return [
+            scan_row(length, spec["batch_size"], spec["repeats"], spec["reference_max"])
+            for length in spec["lengths"]
+        ]
+    if kind == "incremental":
+        return [incremental_row(users, spec["repeats"]) for users in (1, 64)]
+    return measure_block(spec["repeats"])
+
+
+def run_child(spec: dict[str, Any]) -> Any:
+    command = [sys.executable, __file__, "--child", json.dumps(spec)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed (pip install 'seqrec[plot]'): no plot at {path}")
+        return
+    from seqrec.io import atomic_path
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, color in zip(MODELS, ("tab:blue", "tab:green"), strict=True):
+        for key, style, label in (
+            ("train_step_s", "-o", "train step"),
+            ("backbone_step_s", "--x", "backbone"),
+        ):
+            points = [(r["length"], r[key]) for r in rows if r["model"] == name]
+            ax.plot(*zip(*points, strict=True), style, color=color, label=f"{name} {label}")
+    lengths = sorted({r["length"] for r in rows})
+    ax.set(xscale="log", yscale="log", xlabel="history length", ylabel="seconds per step")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
+    ax.set_title(f"batch {rows[0]['batch_size']}, hidden {HIDDEN}, {NUM_ITEMS} items", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per figure")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--reference-max-len",
+        type=int,
+        default=None,
+        help="longest length for the sequential reference scan (its backward is O(L^2))",
+    )
+    parser.add_argument("--quick", action="store_true", help="lengths up to 800, fewer repeats")
+    parser.add_argument("--out", type=Path, default=Path("runs/backbone_scaling.json"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    lengths = args.lengths or ([50, 200, 800] if args.quick else [50, 200, 800, 2000])
+    repeats = args.repeats or (2 if args.quick else 5)
+    reference_max = args.reference_max_len or (200 if args.quick else 800)
+    common = {"threads": args.threads, "repeats": repeats, "batch_size": args.batch_size}
+
+    from seqrec.io import atomic_write_text
+
+    rows = []
+    for length in lengths:
+        for name in MODELS:
+            spec = {
+                **common,
+                "kind": "model",
+                "model": name,
+                "length": length,
+                "device": args.device,
+            }
+            rows.append(run_child(spec))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    scans = run_child(
+        {**common, "kind": "scans", "lengths": lengths, "reference_max": reference_max}
+    )
+    incremental = run_child({**common, "kind": "incremental"})
+    block = run_child({**common, "kind": "block"})
+
+    import torch
+
+    threads = args.threads or torch.get_num_threads()
+    print(
+        f"\nSASRec+ (2 blocks, CE) vs Mamba4Rec (1 layer, N=32), hidden {HIDDEN}, "
+        f"{NUM_ITEMS} items, batch {args.batch_size}, {args.device}, {threads} threads, "
+        f"median of {repeats}"
+    )
+    header = ("length", "model", "train s", "backbone s", "1 user ms", "peak MiB")
+    print("{:>6} {:<10} {:>8} {:>11} {:>10} {:>9}".format(*header))
+    for r in rows:
+        values = (r["length"], r["model"], r["train_step_s"], r["backbone_step_s"])
+        print(
+            "{:>6} {:<10} {:>8.3f} {:>11.3f}".format(*values),
+            f"{r['one_user_latency_ms']:>10.2f} {r['train_peak_mib']:>9.0f}",
+        )
+    print(f"\nSelective scan, forward + backward, batch {args.batch_size}, d_inner 128, N 32")
+    header = ("length", "fast s", "reference s", "speedup", "fwd fast s", "fwd log-depth s")
+    print("{:>6} {:>8} {:>12} {:>8} {:>11} {:>16}".format(*header))
+    for r in scans:
+        if "reference_s" in r:
+            ref = f"{r['reference_s']:>12.3f} {r['speedup']:>7.1f}x"
+        else:
+            ref = f"{'skipped':>12} {'':>8}"
+        print(
+            f"{r['length']:>6} {r['fast_s']:>8.3f} {ref}",
+            f"{r['fast_forward_s']:>11.3f} {r['log_depth_forward_s']:>16.3f}",
+        )
+    print("\nMamba4Rec serving: one new item after a 200-item history")
+    for r in incremental:
+        print(
+            f"  {r['users']:>3} user(s): step {r['step_ms']:.2f} ms, re-encode 201 items "
+            f"{r['reencode_ms']:.2f} ms ({r['reencode_ms'] / r['step_ms']:.0f}x)"
+        )
+    print(
+        f"\nMamba block alone, batch 128 x length 200, d {HIDDEN}, N 32: "
+        f"{block['step_s']:.3f} s per forward + backward (budget 0.86 s)"
+    )
+
+    result = {
+        "settings": {
+            "hidden": HIDDEN,
+            "num_items": NUM_ITEMS,
+            "batch_size": args.batch_size,
+            "device": args.device,
+            "threads": threads,
+            "repeats": repeats,
+            "models": MODELS,
+        },
+        "models": rows,
+        "scans": scans,
+        "incremental": incremental,
+        "block": block,
+    }
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    plot(rows, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

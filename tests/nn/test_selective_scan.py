@@ -1,0 +1,215 @@
+"""The fast selective scan and the CUDA kernel against the sequential reference: values and
+gradients, odd sizes, block and chunk boundaries, left padding, extreme decays, dispatch."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import get_args
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqrec.nn import selective_scan as scan_module
+from seqrec.nn.selective_scan import (
+    SCANS,
+    ScanImpl,
+    check_scan_impl,
+    selective_scan,
+    selective_scan_cuda,
+    selective_scan_fast,
+    selective_scan_reference,
+)
+
+# float32 fast path against a float64 reference, relative to the largest magnitude.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def inputs(
+    batch: int, channels: int, length: int, state: int, seed: int = 0, dt_scale: float = 1.0
+) -> list[Tensor]:
+    """u, delta, A, B, C, D in mamba's layout, float64, requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(batch, channels, length, generator=g, dtype=torch.float64)
+    delta = F.softplus(torch.randn(batch, channels, length, generator=g, dtype=torch.float64))
+    A = -torch.exp(torch.randn(channels, state, generator=g, dtype=torch.float64))
+    B = torch.randn(batch, state, length, generator=g, dtype=torch.float64)
+    C = torch.randn(batch, state, length, generator=g, dtype=torch.float64)
+    D = torch.randn(channels, generator=g, dtype=torch.float64)
+    return [t.requires_grad_() for t in (u, delta * dt_scale, A, B, C, D)]
+
+
+def values_and_grads(scan: object, args: list[Tensor], seed: int = 1, **kw: object) -> list[Tensor]:
+    """y, the last state and the gradients of a random linear function of both."""
+    y, last = scan(*args, return_last_state=True, **kw)  # type: ignore[operator]
+    g = torch.Generator().manual_seed(seed)
+    gy = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y)
+    gl = torch.randn(last.shape, generator=g, dtype=torch.float64).to(last)
+    grads = torch.autograd.grad((y * gy).sum() + (last * gl).sum(), args)
+    return [y, last, *grads]
+
+
+def assert_close_scaled(actual: Tensor, expected: Tensor, name: str) -> None:
+    scale = expected.abs().max().item() or 1.0
+    torch.testing.assert_close(
+        actual.double() / scale, expected.double() / scale, rtol=RTOL, atol=ATOL, msg=name
+    )
+
+
+NAMES = ["y", "last_state", "du", "ddelta", "dA", "dB", "dC", "dD"]
+
+
+@pytest.mark.parametrize(
+    ("batch", "channels", "length", "state", "block", "chunk"),
+    [
+        (1, 3, 1, 1, None, None),  # a single step
+        (3, 5, 7, 5, 2, 4),  # last block and last chunk partial
+        (5, 4, 33, 16, 3, 9),
+        (3, 6, 65, 5, 4, 8),
+        (1, 2, 65, 1, 1, 1),  # one step per block and per chunk
+        (3, 4, 200, 16, None, None),  # the default budgets: one block
+        (3, 4, 200, 5, 7, 49),
+    ],
+)
+def test_fast_matches_reference(
+    batch: int, channels: int, length: int, state: int, block: int | None, chunk: int | None
+) -> None:
+    args = inputs(batch, channels, length, state)
+    expected = values_and_grads(selective_scan_reference, args)
+    actual = values_and_grads(selective_scan_fast, args, block_size=block, chunk_size=chunk)
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert a.shape == e.shape, name
+        assert_close_scaled(a, e, name)
+
+
+def test_reference_is_the_recurrence_by_hand() -> None:
+    """One channel, one state, two steps: h0 = d0 B0 x0, h1 = e^(d1 A) h0 + d1 B1 x1."""
+    u = torch.tensor([[[1.0, 2.0]]])
+    delta = torch.tensor([[[0.5, 0.25]]])
+    A, D = torch.tensor([[-2.0]]), torch.tensor([7.0])
+    B, C = torch.tensor([[[3.0, 4.0]]]), torch.tensor([[[5.0, 6.0]]])
+    h0 = 0.5 * 3.0 * 1.0
+    h1 = math.exp(0.25 * -2.0) * h0 + 0.25 * 4.0 * 2.0
+    expected = torch.tensor([[[5.0 * h0 + 7.0 * 1.0, 6.0 * h1 + 7.0 * 2.0]]])
+    for scan in (selective_scan_reference, selective_scan_fast):
+        y, last = scan(u, delta, A, B, C, D, return_last_state=True)
+        torch.testing.assert_close(y, expected)
+        torch.testing.assert_close(last, torch.tensor([[[h1]]]))
+
+
+def test_left_padding_with_zero_delta_and_input_is_invisible() -> None:
+    """Rows padded on the left (Delta = 0, x = 0 there) give the unpadded rows' outputs."""
+    batch, channels, length, state, pad = 3, 4, 19, 5, torch.tensor([0, 6, 11])
+    args = [t.detach().float() for t in inputs(batch, channels, length, state)]
+    u, delta, A, B, C, D = args
+    real = (torch.arange(length) >= pad[:, None]).float()[:, None, :]  # (B, 1, L)
+    B = B * torch.randn(batch, 1, length)  # garbage B, C at padded positions must not matter
+    fast = functools.partial(selective_scan_fast, block_size=4, chunk_size=8)
+    for scan in (selective_scan_reference, fast):
+        y, last = scan(u * real, delta * real, A, B, C, D, return_last_state=True)
+        for row in range(batch):
+            p = int(pad[row])
+            alone, alone_last = scan(
+                u[row : row + 1, :, p:],
+                delta[row : row + 1, :, p:],
+                A,
+                B[row : row + 1, :, p:],
+                C[row : row + 1, :, p:],
+                D,
+                return_last_state=True,
+            )
+            torch.testing.assert_close(y[row : row + 1, :, p:], alone, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(last[row : row + 1], alone_last, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt_scale", [1e-4, 30.0])
+def test_extreme_decays_stay_finite_and_match(dt_scale: float) -> None:
+    """Delta A down to about -500 per step (exp underflows to 0) and near 0 (no decay)."""
+    args = inputs(3, 4, 41, 16, seed=3, dt_scale=dt_scale)
+    expected = values_and_grads(selective_scan_reference, args)
+    actual = values_and_grads(selective_scan_fast, args, block_size=5, chunk_size=10)
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert_close_scaled(a, e, name)
+
+
+def test_fast_keeps_the_input_dtype_and_skips_d() -> None:
+    args = [t.detach().float() for t in inputs(2, 3, 9, 4)]
+    y, last = selective_scan_fast(*args[:5])
+    assert y.dtype == torch.float32
+    assert y.shape == (2, 3, 9)
+    assert last is None
+    expected, _ = selective_scan_reference(*args[:5])
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_chunk_must_be_a_multiple_of_the_block() -> None:
+    args = [t.detach().float() for t in inputs(1, 2, 9, 3)]
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        selective_scan_fast(*args, block_size=2, chunk_size=3)
+
+
+def test_every_implementation_has_an_entry() -> None:
+    assert set(get_args(ScanImpl)) == {"auto", *SCANS}
+
+
+def test_auto_on_cpu_picks_fast_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    scan_module._log_auto_choice.cache_clear()
+    args = [t.detach().float() for t in inputs(2, 3, 5, 4)]
+    with caplog.at_level(logging.INFO, logger="seqrec.nn.selective_scan"):
+        y, _ = selective_scan(*args, impl="auto")
+        selective_scan(*args, impl="auto")
+    assert [r.getMessage() for r in caplog.records] == [
+        "selective scan 'auto' uses the 'fast' implementation on cpu"
+    ]
+    torch.testing.assert_close(y, selective_scan(*args, impl="reference")[0])
+
+
+def test_asking_for_cuda_without_the_kernel_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scan_module, "_mamba_kernel", lambda: None)
+    with pytest.raises(RuntimeError, match=r"pip install 'seqrec\[mamba\]'"):
+        check_scan_impl("cuda")
+    args = [t.detach().float() for t in inputs(1, 2, 3, 2)]
+    with pytest.raises(RuntimeError, match=r"pip install 'seqrec\[mamba\]'"):
+        selective_scan(*args, impl="cuda")
+    check_scan_impl("auto")  # the others never raise
+    check_scan_impl("fast")
+
+
+def test_asking_for_cuda_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scan_module, "_mamba_kernel", lambda: selective_scan_reference)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        check_scan_impl("cuda")
+    args = [t.detach().float() for t in inputs(1, 2, 3, 2)]
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        selective_scan_cuda(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "rtol", "atol"), [(torch.float32, 1e-3, 2e-3), (torch.bfloat16, 5e-2, 5e-2)]
+)
+@pytest.mark.parametrize("length", [1, 7, 65, 200])
+def test_cuda_kernel_matches_reference(
+    dtype: torch.dtype, rtol: float, atol: float, length: int
+) -> None:
+    """As mamba's own test: outputs and gradients, per-dtype tolerances (A, D in float32)."""
+    pytest.importorskip("mamba_ssm")
+    cpu = inputs(3, 8, length, 16, seed=5)
+    cuda = [
+        t.detach().to("cuda", dtype if i not in (2, 5) else torch.float32).requires_grad_()
+        for i, t in enumerate(cpu)
+    ]
+    expected = values_and_grads(selective_scan_reference, cpu)
+    actual = values_and_grads(selective_scan_cuda, cuda)
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        scale = e.abs().max().item() or 1.0
+        torch.testing.assert_close(
+            a.double().cpu() / scale, e / scale, rtol=rtol, atol=atol, msg=name
+        )
