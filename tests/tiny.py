@@ -7,8 +7,21 @@ B, L, S, NUM_ITEMS, NUM_USERS = 3, 7, 5, 37, 4
 BASE = {"num_items": NUM_ITEMS, "num_users": NUM_USERS, "max_seq_len": L}
 
 TINY_CONFIGS: dict[str, dict[str, object]] = {  # one line per registered model
+    "bert4rec": {**BASE, "hidden_size": 18, "num_heads": 2, "ffn_size": 29, "mask_prob": 0.6},
+    "bpr": {**BASE, "hidden_size": 18, "num_negatives": S},
+    "caser": {**BASE, "hidden_size": 18, "window": 3, "num_horizontal": 5, "num_negatives": S},
+    "duorec": {**BASE, "hidden_size": 18, "num_heads": 2, "ffn_size": 29, "dropout": 0.1},
+    "fism": {**BASE, "hidden_size": 18, "num_negatives": S},
+    "fmc": {**BASE, "hidden_size": 18, "num_negatives": S},
+    "fpmc": {**BASE, "hidden_size": 18, "num_negatives": S},
+    "gru4rec": {**BASE, "hidden_size": 18, "num_negatives": S, "dropout": 0.1},
+    "gsasrec": {**BASE, "hidden_size": 18, "num_heads": 2, "num_negatives": S, "dropout": 0.1},
+    "mamba4rec": {**BASE, "hidden_size": 18, "state_size": 5, "conv_kernel": 3, "dropout": 0.1},
     "pop": {**BASE},
+    "rearec": {**BASE, "hidden_size": 18, "num_heads": 2, "dropout": 0.1, "reasoning_steps": 2},
+    "recrec": {**BASE, "hidden_size": 18, "num_heads": 2, "num_interests": 3, "ffn_size": 29},
     "sasrec": {**BASE, "hidden_size": 18, "num_heads": 2, "num_negatives": S, "dropout": 0.1},
+    "transrec": {**BASE, "hidden_size": 18, "num_negatives": S},
 }
 
 # The dataset registry the foundation issue asks for (`seqrec data list`).

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seqrec.config import ConfigError, experiment_from_raw, load_raw
+from seqrec.config import ConfigError, experiment_from_raw, load_raw, set_dotted
 from seqrec.data.schema import DataError
 from seqrec.metrics import METRICS
 from seqrec.training.checkpoint import RunDirError
@@ -121,7 +121,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.export_ranks and Path(args.export_ranks).suffix.lower() not in (".csv", ".parquet"):
         raise ConfigError(f"--export-ranks: use a .csv or .parquet file, got {args.export_ranks}")
     result, run = evaluate_run(
-        args.run_dir, split=args.split, overrides=overrides, data_dir=args.data_dir
+        args.run_dir,
+        split=args.split,
+        overrides=overrides,
+        data_dir=args.data_dir,
+        settings=_inference_settings(args.set),
     )
     if args.export_ranks:
         export_ranks(result, run.id_map, args.export_ranks)
@@ -130,6 +134,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         print_result(result, f"{run.model.config.name} ({args.run_dir})")
     return 0
+
+
+def _inference_settings(overrides: list[str] | None) -> dict[str, Any]:
+    """``--set model.key=value`` for a trained model: only its declared inference settings
+    (e.g. RecRec's ``depth``) may change; anything else is refused when the run is loaded."""
+    raw: dict[str, Any] = {}
+    for override in overrides or []:
+        if not override.startswith("model."):
+            raise ConfigError(
+                f"--set {override}: only model inference settings (model.key=value) can "
+                "change on a trained run"
+            )
+        set_dotted(raw, override)
+    settings: dict[str, Any] = raw.get("model", {})
+    return settings
 
 
 # ---------------------------------------------------------------- recommend
@@ -148,7 +167,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         raise ConfigError("recommend: give either --history ITEM ... or --input FILE --output FILE")
     if args.input is not None and args.output is None:
         raise ConfigError("recommend: --input needs --output FILE")
-    predictor = Predictor.from_run_dir(args.run_dir)
+    predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
     exclude_seen = not args.keep_seen
     if args.history is not None:
         history = [item for item in args.history if item.strip()]
@@ -290,6 +309,22 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze_depth(args: argparse.Namespace) -> int:
+    from seqrec.analysis.depth import analyze_depth
+
+    report = analyze_depth(
+        args.run_dir,
+        args.out,
+        max_depth=args.max_depth,
+        data_dir=args.data_dir,
+        split=args.split,
+        device=args.device,
+    )
+    print(report.read_text())
+    print(f"report: {report}")
+    return 0
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
@@ -309,6 +344,15 @@ def _config_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     )
     parser.add_argument(
         "--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key"
+    )
+
+
+def _inference_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="model.KEY=VALUE",
+        help="an inference setting of the trained model, e.g. model.depth=4 (RecRec)",
     )
 
 
@@ -353,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--export-ranks", metavar="FILE", help=".csv or .parquet: user_id, target, rank")
     p.add_argument("--json", action="store_true", help="one flat JSON object on stdout")
+    _inference_flag(p)
     _common_data(p)
     p.set_defaults(handler=cmd_evaluate)
 
@@ -364,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=10)
     p.add_argument("--keep-seen", action="store_true", help="allow items from the history")
     p.add_argument("--json", action="store_true")
+    _inference_flag(p)
     p.set_defaults(handler=cmd_recommend)
 
     p = sub.add_parser("demo", help="the main job: default dataset -> SASRec -> results table")
@@ -372,7 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common_data(p)
     p.set_defaults(handler=cmd_demo)
 
-    analyze = sub.add_parser("analyze", help="diagnostics of trained models: residual, attention")
+    analyze = sub.add_parser(
+        "analyze", help="analyses of trained models: residual, attention, depth"
+    )
     analyze_sub = analyze.add_subparsers(dest="analyze_command", required=True)
     p = analyze_sub.add_parser(
         "residual",
@@ -417,6 +465,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     _common_data(p)
     p.set_defaults(handler=cmd_analyze_attention)
+    p = analyze_sub.add_parser(
+        "depth",
+        help="RecRec: accuracy against the inference depth N = 0..max-depth",
+        description="Evaluates a trained RecRec run at every reasoning depth N = 0..max-depth "
+        "(NDCG@10, Recall@10/20); table (CSV + JSON), PNG and report.md.",
+    )
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--max-depth", type=int, default=16)
+    p.add_argument("--split", choices=("valid", "test"), default="test")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    _common_data(p)
+    p.set_defaults(handler=cmd_analyze_depth)
     return parser
 
 

@@ -81,6 +81,10 @@ class TrainConfig:
     seed: int = 0
     tensorboard: bool = False  # scalars per epoch in <run dir>/tensorboard (extra: tensorboard)
     progress: bool = True  # a progress bar on stderr
+    # A run directory whose best weights initialise the model before training (warm start,
+    # e.g. RecRec's stage 2 from its stage-1 run). Its model config must match this one
+    # except the fields the model declares free (``ModelConfig.warm_start_free``).
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 0 or self.patience < 1:

@@ -1,6 +1,22 @@
 """Importing a model module registers it. Add new models here, nothing else."""
 
-from seqrec.models import pop, sasrec
+from seqrec.models import (
+    bert4rec,
+    bpr,
+    caser,
+    duorec,
+    fism,
+    fmc,
+    fpmc,
+    gru4rec,
+    gsasrec,
+    mamba4rec,
+    pop,
+    rearec,
+    recrec,
+    sasrec,
+    transrec,
+)
 from seqrec.models.base import (
     MODELS,
     ModelConfig,
@@ -15,8 +31,21 @@ __all__ = [
     "ModelConfig",
     "ScoringRecommender",
     "SequentialRecommender",
+    "bert4rec",
+    "bpr",
     "build_model",
     "build_model_config",
+    "caser",
+    "duorec",
+    "fism",
+    "fmc",
+    "fpmc",
+    "gru4rec",
+    "gsasrec",
+    "mamba4rec",
     "pop",
+    "rearec",
+    "recrec",
     "sasrec",
+    "transrec",
 ]

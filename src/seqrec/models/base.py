@@ -21,6 +21,12 @@ class ModelConfig:
     """Fields every model has. ``num_items``/``num_users`` come from the data, never from YAML."""
 
     name: ClassVar[str] = ""
+    # Fields that evaluate/recommend may change on a trained model without retraining
+    # (RecRec's reasoning depth); ``with_inference_settings`` accepts only these.
+    inference_settings: ClassVar[tuple[str, ...]] = ()
+    # Fields that may differ from the config of the run a model is warm-started from
+    # (``train.init_from``); every other field must be equal (``warm_start_conflicts``).
+    warm_start_free: ClassVar[tuple[str, ...]] = ()
     num_items: int  # catalogue size N; item ids are 1..N, 0 is padding
     num_users: int = 0  # users in the training data (models with a user embedding)
     max_seq_len: int = 50  # histories are truncated to their most recent max_seq_len items
@@ -91,6 +97,7 @@ class ScoringRecommender(SequentialRecommender):
 
 MODELS: Registry[type[SequentialRecommender]] = Registry("model")
 M = TypeVar("M", bound=type[SequentialRecommender])
+C = TypeVar("C", bound=ModelConfig)
 
 
 def register_model(cls: M) -> M:
@@ -117,6 +124,32 @@ def build_model_config(
 
 def build_model(config: ModelConfig) -> SequentialRecommender:
     return MODELS.get(config.name)(config)
+
+
+def with_inference_settings(config: C, settings: Mapping[str, Any]) -> C:
+    """``config`` with some of its declared inference settings replaced, validated as when
+    it was built; any other field is an error (changing it would need retraining)."""
+    if not settings:
+        return config
+    allowed = type(config).inference_settings
+    fixed = sorted(set(settings) - set(allowed))
+    if fixed:
+        valid = ", ".join(f"model.{name}" for name in allowed) or "none"
+        raise ConfigError(
+            f"{', '.join(f'model.{name}' for name in fixed)} cannot change after training; "
+            f"inference settings of {config.name!r}: {valid}"
+        )
+    return from_dict(type(config), {**dataclasses.asdict(config), **settings}, "model")
+
+
+def warm_start_conflicts(config: ModelConfig, source: ModelConfig) -> list[str]:
+    """Fields of ``config`` that differ from ``source`` and are not declared warm-start free
+    (``train.init_from`` refuses to load weights across them)."""
+    if config.name != source.name:
+        return ["name"]
+    ours, theirs = dataclasses.asdict(config), dataclasses.asdict(source)
+    free = set(type(config).warm_start_free)
+    return sorted(key for key in ours if key not in free and ours[key] != theirs.get(key))
 
 
 def model_config_from_dict(raw: Mapping[str, Any]) -> ModelConfig:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,8 +39,11 @@ class Predictor:
         self.max_seq_len = int(model.config.max_seq_len)
 
     @classmethod
-    def from_run_dir(cls, path: str | Path, device: str = "cpu") -> Predictor:
-        run = load_run(path)
+    def from_run_dir(
+        cls, path: str | Path, device: str = "cpu", settings: Mapping[str, Any] | None = None
+    ) -> Predictor:
+        """``settings``: inference settings of the model (``{"depth": 4}`` for RecRec)."""
+        run = load_run(path, settings=settings)
         return cls(run.model, run.id_map, device)
 
     def _encode(

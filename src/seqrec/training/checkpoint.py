@@ -13,6 +13,7 @@ Every file is written atomically, so a crash at any moment leaves the previous v
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,12 @@ from seqrec.config import ConfigError, ExperimentConfig, experiment_from_raw
 from seqrec.data.idmap import IdMap
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_path, atomic_write_text
-from seqrec.models.base import SequentialRecommender, build_model, model_config_from_dict
+from seqrec.models.base import (
+    SequentialRecommender,
+    build_model,
+    model_config_from_dict,
+    with_inference_settings,
+)
 
 CONFIG = "config.json"
 ID_MAP = "id_map.json"
@@ -87,8 +93,14 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return raw
 
 
-def load_run(run_dir: str | Path, weights: str = WEIGHTS) -> LoadedRun:
-    """Rebuild the trained model of a run directory (on CPU) with its config and id map."""
+def load_run(
+    run_dir: str | Path, weights: str = WEIGHTS, settings: Mapping[str, Any] | None = None
+) -> LoadedRun:
+    """Rebuild the trained model of a run directory (on CPU) with its config and id map.
+
+    ``settings`` replace inference settings of the model config (``model.depth`` of RecRec);
+    any other model field is a ``ConfigError``.
+    """
     run_dir = Path(run_dir)
     raw = read_config(run_dir)
     try:
@@ -96,6 +108,7 @@ def load_run(run_dir: str | Path, weights: str = WEIGHTS) -> LoadedRun:
         model_config = model_config_from_dict(raw["model"])
     except (ConfigError, KeyError) as err:
         raise RunDirError(f"{run_dir / CONFIG}: {err}") from None
+    model_config = with_inference_settings(model_config, settings or {})
     model = build_model(model_config)
     state = load_torch(run_dir / weights)
     try:

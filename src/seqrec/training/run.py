@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,12 @@ from seqrec.data.prepare import prepare
 from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import EvalResult, evaluate
-from seqrec.models.base import SequentialRecommender, build_model, build_model_config
+from seqrec.models.base import (
+    SequentialRecommender,
+    build_model,
+    build_model_config,
+    warm_start_conflicts,
+)
 from seqrec.training.checkpoint import (
     CONFIG,
     ID_MAP,
@@ -91,6 +97,49 @@ def config_for_resume(run_dir: Path) -> ExperimentConfig:
     return dataclasses.replace(config, model=model)
 
 
+def warm_start(model: SequentialRecommender, init_from: str | Path, data: PreparedData) -> None:
+    """Load the best weights of run ``init_from`` into ``model`` (``train.init_from``).
+
+    The source must be a run of the same model on the same data whose config differs only
+    in fields the model declares warm-start free. Every source tensor must fit a tensor of
+    the same name and shape; tensors the source lacks (RecRec's reasoner, new in stage 2)
+    keep their initialisation and are logged.
+    """
+    try:
+        source = load_run(init_from)
+    except RunDirError as err:
+        raise ConfigError(f"train.init_from: {err}") from None
+    conflicts = warm_start_conflicts(model.config, source.model.config)
+    if conflicts:
+        theirs, ours = source.model.config.to_dict(), model.config.to_dict()
+        diffs = "; ".join(
+            f"model.{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in conflicts
+        )
+        raise ConfigError(
+            f"train.init_from: {init_from} has an incompatible model config ({diffs})"
+        )
+    if source.id_map.items != data.id_map.items or source.id_map.users != data.id_map.users:
+        raise ConfigError(
+            f"train.init_from: {init_from} was trained on other data (its id map differs)"
+        )
+    try:
+        result = model.load_state_dict(source.model.state_dict(), strict=False)
+    except RuntimeError as err:  # a shape mismatch
+        raise ConfigError(
+            f"train.init_from: {init_from}: {str(err).splitlines()[-1].strip()}"
+        ) from None
+    if result.unexpected_keys:
+        raise ConfigError(
+            f"train.init_from: {init_from} has weights this model lacks: "
+            f"{', '.join(result.unexpected_keys)}"
+        )
+    logger.info(
+        "initialised from %s%s",
+        init_from,
+        f"; new, not loaded: {', '.join(result.missing_keys)}" if result.missing_keys else "",
+    )
+
+
 def train_experiment(
     config: ExperimentConfig,
     run_dir: Path,
@@ -115,6 +164,8 @@ def train_experiment(
     resolved = _resolved(config, model, data)
     if started:
         _check_resume(run_dir, config, resolved)
+    if config.train.init_from is not None and not (resume and (run_dir / STATE).is_file()):
+        warm_start(model, config.train.init_from, data)  # a resumed run has its own weights
     if config.train.tensorboard:  # fails here, before any write, when the extra is missing
         on_epoch_end = tensorboard_callback(run_dir / "tensorboard", on_epoch_end or log_epoch)
     if not started:
@@ -187,9 +238,11 @@ def evaluate_run(
     overrides: dict[str, Any] | None = None,
     data_dir: str | Path | None = None,
     device: str = "auto",
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple[EvalResult, LoadedRun]:
-    """Evaluate a trained run directory; ``overrides`` replace fields of its eval config."""
-    run = load_run(run_dir)
+    """Evaluate a trained run directory; ``overrides`` replace fields of its eval config,
+    ``settings`` inference settings of its model config (``{"depth": 4}`` for RecRec)."""
+    run = load_run(run_dir, settings=settings)
     eval_config = dataclasses.replace(run.config.eval, **(overrides or {}))
     data = data_for_run(run, data_dir)
     target = resolve_device(device)

@@ -1,0 +1,207 @@
+"""The depth curve of a reasoning model: accuracy against the inference depth N.
+
+RecRec learns an improvement operator, so any depth can be used at inference (``model.depth``,
+an inference setting). This evaluates a trained run at N = 0..max_depth with the run's own
+evaluation protocol (full ranking, filter-seen as configured) and writes
+
+    depth.csv / depth.json   one row per N: NDCG@10, Recall@10, Recall@20 (+ 95% CI
+                             half-widths) and, for RecRec, the mean pairwise cosine of the R
+                             interests (the quantity the IDR lowers)
+    depth.png                the curve (needs matplotlib: ``pip install 'seqrec[plot]'``)
+    depth.md                 the table, the best N, the N = 0 -> 1 gain, the N = max drop
+
+    from seqrec.analysis.depth import analyze_depth
+    report = analyze_depth("runs/beauty_recrec-stage2", "runs/depth", max_depth=16)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqrec.analysis.tables import markdown_table, write_table
+from seqrec.config import ConfigError, EvalConfig, SplitChoice
+from seqrec.data.batches import left_padded
+from seqrec.data.sequences import EvalSet, PreparedData
+from seqrec.evaluation import describe_protocol, evaluate
+from seqrec.io import atomic_write_text
+from seqrec.models.base import SequentialRecommender, with_inference_settings
+from seqrec.models.recrec import RecRec, interest_diversity
+from seqrec.training.checkpoint import load_run
+from seqrec.training.loop import resolve_device
+from seqrec.training.run import data_for_run
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("NDCG@10", "Recall@10", "Recall@20")
+
+
+def check_depth_model(model: SequentialRecommender, max_depth: int) -> None:
+    """Refuse, before any work, a model whose depth cannot be set to 0..max_depth."""
+    if max_depth < 0:
+        raise ConfigError(f"--max-depth must be >= 0, got {max_depth}")
+    if "depth" not in type(model.config).inference_settings:
+        raise ConfigError(
+            f"model {model.config.name!r} has no inference depth (model.depth); "
+            "the depth curve needs a reasoning model such as recrec (stage 2)"
+        )
+    for depth in (0, max_depth):  # the model's own validation (a stage-1 RecRec, ReaRec's K)
+        with_inference_settings(model.config, {"depth": depth})
+
+
+@torch.inference_mode()
+def mean_interest_cosine(
+    model: RecRec, eval_set: EvalSet, batch_size: int = 1024, device: str = "cpu"
+) -> float:
+    """Mean pairwise cosine of the R interests at the model's depth, over ``eval_set``."""
+    model.eval()
+    histories = eval_set.histories
+    total, count = 0.0, 0
+    for start in range(0, len(eval_set), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(eval_set)))
+        ids = torch.from_numpy(left_padded(histories, rows, model.config.max_seq_len))
+        interests = model.interests(ids.to(device))  # (B, R, D)
+        total += float(interest_diversity(interests)) * len(rows)
+        count += len(rows)
+    return total / max(count, 1)
+
+
+def depth_curve(
+    model: SequentialRecommender,
+    data: PreparedData,
+    eval_config: EvalConfig,
+    depths: Sequence[int],
+    *,
+    split: SplitChoice = "test",
+    device: str = "cpu",
+) -> list[dict[str, Any]]:
+    """One row per depth: NDCG@10, Recall@10/20 with CI half-widths (and, for RecRec, the
+    mean pairwise interest cosine). The model's config is restored afterwards."""
+    eval_set = data.split.test if split == "test" else data.split.valid
+    config = dataclasses.replace(eval_config, ks=(10, 20))
+    original = model.config
+    rows: list[dict[str, Any]] = []
+    try:
+        for depth in depths:
+            model.config = with_inference_settings(original, {"depth": depth})
+            result = evaluate(
+                model,
+                eval_set,
+                config,
+                all_sequences=data.sequences,
+                num_items=data.num_items,
+                item_counts=data.item_counts(),
+                device=device,
+                split=split,
+            )
+            row: dict[str, Any] = {"depth": depth}
+            row.update({name: result.metrics[name] for name in METRICS})
+            row.update({f"{name}_ci95": result.ci95[name] for name in METRICS})
+            if isinstance(model, RecRec):
+                row["interest_cosine"] = mean_interest_cosine(
+                    model, eval_set, config.batch_size, device
+                )
+            logger.info("depth %d: NDCG@10 %.4f", depth, row["NDCG@10"])
+            rows.append(row)
+    finally:
+        model.config = original
+    return rows
+
+
+def depth_summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What the curve says, in a few lines (for stdout and the Markdown report)."""
+    ndcg = [row["NDCG@10"] for row in rows]
+    best = int(np.argmax(ndcg))
+    lines = [f"best N = {rows[best]['depth']}: NDCG@10 {ndcg[best]:.4f}"]
+    if len(rows) > 1:
+        gains = np.diff(ndcg)
+        step = int(np.argmax(gains))
+        lines.append(
+            f"N = 0 -> 1: NDCG@10 {ndcg[0]:.4f} -> {ndcg[1]:.4f} ({gains[0]:+.4f}); "
+            f"largest single-step gain: N = {rows[step]['depth']} -> {rows[step + 1]['depth']} "
+            f"({gains[step]:+.4f})"
+        )
+        drop = (ndcg[best] - ndcg[-1]) / ndcg[best] if ndcg[best] > 0 else 0.0
+        lines.append(f"N = {rows[-1]['depth']}: {100 * drop:.1f}% below the best N")
+    if "interest_cosine" in rows[0]:
+        lines.append(
+            f"mean pairwise interest cosine: {rows[0]['interest_cosine']:.3f} at N = 0, "
+            f"{rows[-1]['interest_cosine']:.3f} at N = {rows[-1]['depth']}"
+        )
+    return lines
+
+
+def plot_depth_curve(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """The curve as a PNG; None (and a log line) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        logger.warning("matplotlib is not installed (pip install 'seqrec[plot]'): no depth.png")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    depths = [row["depth"] for row in rows]
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    for name, marker in zip(METRICS, "os^", strict=True):
+        values = np.array([row[name] for row in rows])
+        ci = np.array([row[f"{name}_ci95"] for row in rows])
+        ax.plot(depths, values, marker=marker, markersize=4, label=name)
+        ax.fill_between(depths, values - ci, values + ci, alpha=0.15)
+    ax.set_xlabel("inference depth N (reasoning steps)")
+    ax.set_ylabel("test metric (full ranking)")
+    ax.set_xticks(depths)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def analyze_depth(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    max_depth: int = 16,
+    data_dir: str | Path | None = None,
+    *,
+    split: SplitChoice = "test",
+    device: str = "auto",
+) -> Path:
+    """The depth curve N = 0..max_depth of a trained run; returns the Markdown report path."""
+    run = load_run(run_dir)
+    check_depth_model(run.model, max_depth)
+    data = data_for_run(run, data_dir)
+    target = str(resolve_device(device))
+    run.model.to(target)
+    rows = depth_curve(
+        run.model, data, run.config.eval, range(max_depth + 1), split=split, device=target
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = write_table(rows, out / "depth")
+    title = f"{run.model.config.name} on {data.name} ({split}): depth curve"
+    png = plot_depth_curve(rows, out / "depth.png", title)
+    columns = ["depth", *METRICS] + (["interest_cosine"] if "interest_cosine" in rows[0] else [])
+    report = out / "depth.md"
+    atomic_write_text(
+        report,
+        "\n\n".join(
+            [
+                f"# {title}",
+                f"run: `{run_dir}`; {describe_protocol(run.config.eval, data.num_items)}",
+                markdown_table(rows, columns),
+                "\n".join(f"- {line}" for line in depth_summary_lines(rows)),
+                "files: " + ", ".join(p.name for p in [*files, *([png] if png else [])]),
+            ]
+        )
+        + "\n",
+    )
+    return report

@@ -1,0 +1,73 @@
+"""gSASRec: SASRec trained with many negatives and gBCE (Petrov & Macdonald, RecSys 2023).
+
+Paper: "gSASRec: Reducing Overconfidence in Sequential Recommendation Trained with Negative
+Sampling", https://arxiv.org/abs/2308.07192 - reference code: github.com/asash/gSASRec-pytorch
+(the authors' port of their TensorFlow original, github.com/asash/gsasrec).
+
+gSASRec is SASRec's network with another objective: k sampled negatives per positive and the
+generalised BCE, whose positive term is log sigma(s+)^beta with beta = alpha (t (1 - 1/alpha)
++ 1/alpha) and alpha = k / (N - 1) (``seqrec.losses.gbce``; t = 0 is SASRec's BCE). This class
+is SASRec with the defaults of the authors' ML-1M config (``config_ml1m.py`` and its README):
+d = 128, 2 blocks, 1 head, dropout 0.5, n = 200, k = 256, t = 0.75, and the reference's
+architectural choices, each a SASRec switch: a separate output item embedding
+(``reuse_item_embeddings=False``), no sqrt(d) scaling of the input embeddings, and dropout on
+the attention weights and inside the FFN (``dropout_placement: reference``).
+
+Differences from the reference code, all deliberate:
+- One set of k negatives per sequence, shared by its positions ((B, S)); the reference draws
+  a set per position ((B, L, S)). Per-position sets cost a (B, L, k, d) gather, 3.4 GB at
+  128 x 200 x 256 x 128; shared sets cost one (B, L, d) x (B, d, k) product and still give
+  every batch 128 x 256 negatives. ``shared_negatives: false`` restores per-position sets.
+- Negatives are drawn uniformly from the items the user never interacted with (the library's
+  sampler). The reference draws from the whole catalogue, so a negative can be the target or
+  another item of the history; a negative equal to the target is ignored here in any case.
+- The loss is the mean over positions of beta * softplus(-s+) + sum_j softplus(s_j); the
+  reference divides the same sum by positions * (k + 1), a constant factor Adam is all but
+  invariant to. alpha = k / (N - 1), where the reference has k / (N - 2) (its pool size is
+  N - 1 and it subtracts one again). The loss is computed in float32, not float64: the
+  softplus form is stable without it.
+- Blocks are the library's SASRec blocks (true pre-LayerNorm, padded keys masked, positions
+  counted from the right). The reference keeps kang205's block: only the queries are
+  normalised, keys and values come from the un-normalised input, and the residual is added
+  to the normalised queries; ``dropout_placement: reference`` reproduces where it drops.
+- Weights start from SASRec's Xavier-normal initialisation, not PyTorch's defaults.
+- An epoch is one pass over the users. The reference calls 100 batches an epoch, validates
+  on 512 users after each and stops after 200 such validations without improvement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from seqrec.models.base import register_model
+from seqrec.models.objective import LossName
+from seqrec.models.sasrec import SASRec, SASRecConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class GSASRecConfig(SASRecConfig):
+    name: ClassVar[str] = "gsasrec"
+    # gBCE defines the model; t = 0 is BCE. Other losses: use ``sasrec``.
+    supported_losses: ClassVar[tuple[LossName, ...]] = ("gbce",)
+    max_seq_len: int = 200  # sequence_length
+    hidden_size: int = 128  # embedding_dim of config_ml1m.py
+    num_layers: int = 2  # num_blocks
+    num_heads: int = 1
+    dropout: float = 0.5  # dropout_rate of the README's ML-1M config and checkpoints
+    # The reference drops the embeddings, the attention weights and after each FFN layer.
+    dropout_placement: Literal["paper", "reference"] = "reference"
+    shared_embedding: bool = False  # reuse_item_embeddings=False: a separate output table
+    scale_embedding: bool = False  # the reference does not multiply embeddings by sqrt(d)
+    loss: LossName = "gbce"
+    num_negatives: int = 256  # negs_per_pos, k
+    shared_negatives: bool = True  # one set per sequence; the reference draws per position
+    gbce_t: float = 0.75  # calibration t; 1 = fully calibrated, 0 = BCE
+
+
+@register_model
+class GSASRec(SASRec):
+    """SASRec's network trained with gBCE; everything but the defaults is inherited."""
+
+    config_class = GSASRecConfig
+    config: GSASRecConfig

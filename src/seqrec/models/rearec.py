@@ -1,0 +1,217 @@
+"""ReaRec: Think Before Recommend: Unleashing the Latent Reasoning Power for Sequential
+Recommendation (Tang et al., 2025), the Ensemble Reasoning Learning (ERL) variant.
+
+Paper: https://arxiv.org/abs/2503.22675 - reference code: github.com/TangJiakai/ReaRec
+(``src/models/ERL.py`` and its ``ReaRecAutoRegressiveWrapper``).
+
+After the backbone (SASRec) has encoded a history, its last hidden state h_0 is fed back
+as a new token, h_0 + RPE_1 (a reasoning position embedding that separates reasoning
+steps from item positions); the same blocks, reading the history and the earlier
+reasoning tokens causally, produce h_1; and so on for K steps. ERL ensembles the K + 1
+states: the user vector is their mean, trained with full softmax cross-entropy, and a KL
+term pushes the steps' item distributions apart,
+    L = CE(mean_k h_k / tau) - lambda_KL * mean_{i != j} KL(p_j || sg(p_i)).
+It cannot run more reasoning steps than it has position embeddings (``depth`` <= K).
+
+Differences from the reference implementation, all deliberate:
+- The backbone is this library's SASRec (pre-LN blocks, right-aligned positions, its
+  embedding scale and dropout); reasoning tokens pass the same embedding dropout as items.
+- Every position of a training row is an example with its own K reasoning tokens (the
+  reference trains one example per prefix). The tokens of all positions run in one pass
+  whose mask lets token (k, t) read the items up to t and the tokens (k' <= k, t).
+- No KV cache: each step re-encodes the history with the new tokens appended. The result
+  is the same in eval mode; in training the history's dropout masks differ between steps.
+- The KL term is computed in chunks of positions with activation checkpointing, so the
+  (positions, K + 1, N) distributions are never all in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
+from seqrec.config import ConfigError, from_dict
+from seqrec.losses import fused_full_ce
+from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
+from seqrec.models.sasrec import SASRec, SASRecConfig
+from seqrec.nn.masks import attention_mask
+
+SHARED_BACKBONE_FIELDS = ("hidden_size", "num_layers", "num_heads", "dropout", "max_seq_len")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReaRecConfig(ModelConfig):
+    name: ClassVar[str] = "rearec"
+    inference_settings: ClassVar[tuple[str, ...]] = ("depth",)
+    hidden_size: int = 64  # d of the SASRec backbone
+    num_layers: int = 2
+    num_heads: int = 1
+    dropout: float = 0.2
+    backbone_options: dict[str, Any] = field(default_factory=dict)  # other SASRec fields
+    reasoning_steps: int = 2  # K, the reference's default reason_step
+    kl_weight: float = 0.05  # lambda_KL of the reasoning-diversity term (reference default)
+    temperature: float = 1.0  # tau; the reference uses 0.07 with N(0, 0.02) embeddings
+    depth: int | None = None  # reasoning steps at inference (<= K); None = K
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reasoning_steps < 0:
+            raise ConfigError(f"model.reasoning_steps must be >= 0, got {self.reasoning_steps}")
+        if self.depth is not None and not 0 <= self.depth <= self.reasoning_steps:
+            raise ConfigError(
+                f"model.depth must be in 0..{self.reasoning_steps} (ReaRec has one reasoning "
+                f"position embedding per trained step), got {self.depth}"
+            )
+        if self.temperature <= 0.0 or self.kl_weight < 0.0:
+            raise ConfigError("model.temperature must be > 0 and model.kl_weight >= 0")
+        self.backbone_config()
+
+    @property
+    def inference_depth(self) -> int:
+        return self.reasoning_steps if self.depth is None else self.depth
+
+    def backbone_config(self) -> SASRecConfig:
+        if not isinstance(self.backbone_options, dict):
+            raise ConfigError(
+                f"model.backbone_options must be a mapping, got {self.backbone_options!r}"
+            )
+        clash = sorted(
+            set(self.backbone_options) & {*SHARED_BACKBONE_FIELDS, "num_items", "num_users"}
+        )
+        if clash:
+            raise ConfigError(f"model.backbone_options may not set {', '.join(clash)}")
+        values = {name: getattr(self, name) for name in SHARED_BACKBONE_FIELDS}
+        values.update(loss="ce", **self.backbone_options)
+        values.update(num_items=self.num_items, num_users=self.num_users)
+        config = from_dict(SASRecConfig, values, "model.backbone_options")
+        if config.user_embedding:
+            raise ConfigError("ReaRec does not use a user embedding (backbone_options)")
+        return config
+
+
+def reasoning_mask(real: Tensor, positions: Tensor, steps: int) -> Tensor:
+    """(B, L) real items, (G,) positions with reasoning tokens -> (B, 1, T, T) bool mask,
+    T = L + steps * G: items attend causally among items; token (k, g) reads the real items
+    up to positions[g] and the tokens (k' <= k, g). Tokens are ordered step-major."""
+    B, L = real.shape
+    G = positions.numel()
+    device = real.device
+    items = attention_mask(real, causal=True)  # (B, 1, L, L)
+    if steps == 0:
+        return items
+    n = steps * G
+    before = torch.arange(L, device=device).unsqueeze(0) <= positions.unsqueeze(1)  # (G, L)
+    reads_items = (real.unsqueeze(1) & before).repeat(1, steps, 1)  # (B, n, L)
+    step = torch.arange(n, device=device) // G
+    group = torch.arange(n, device=device) % G
+    reads_tokens = (group[:, None] == group[None, :]) & (step[None, :] <= step[:, None])
+    top = torch.cat([items, items.new_zeros(B, 1, L, n)], dim=3)
+    bottom = torch.cat(
+        [reads_items.unsqueeze(1), reads_tokens.expand(B, 1, n, n)], dim=3
+    )  # (B, 1, n, T)
+    return torch.cat([top, bottom], dim=2)
+
+
+def kl_diversity(states: Tensor, items: Tensor, temperature: float, chunk: int = 256) -> Tensor:
+    """ERL's regulariser: mean over positions and ordered step pairs i != j of
+    KL(p_j || sg(p_i)), p_k = softmax(h_k . E / tau) over items 1..N. states: (P, T, D).
+
+    Chunks of positions are checkpointed, so the (P, T, N) distributions are never stored.
+    """
+    P, T, _ = states.shape
+    if T < 2:
+        return states.new_zeros(())
+    catalogue = items[1:]
+
+    def chunk_sum(h: Tensor, e: Tensor) -> Tensor:
+        logits = h @ e.T / temperature  # (c, T, N)
+        log_p = logits.log_softmax(dim=-1)
+        p = log_p.exp()
+        own = (p * log_p).sum(dim=-1)  # (c, T): sum_v p_j log p_j
+        cross = p @ log_p.detach().transpose(1, 2)  # (c, T, T): [j, i] = sum_v p_j log sg(p_i)
+        kl = own.unsqueeze(2) - cross  # KL(p_j || sg(p_i)), zero on the diagonal
+        return kl.sum() - kl.diagonal(dim1=1, dim2=2).sum()
+
+    total = states.new_zeros(())
+    for start in range(0, P, chunk):
+        part = checkpoint(chunk_sum, states[start : start + chunk], catalogue, use_reentrant=False)
+        total = total + part
+    return total / (P * T * (T - 1))
+
+
+@register_model
+class ReaRec(ScoringRecommender):
+    config_class = ReaRecConfig
+    config: ReaRecConfig
+
+    def __init__(self, config: ReaRecConfig) -> None:
+        super().__init__(config)
+        self.backbone = SASRec(config.backbone_config())
+        steps = max(config.reasoning_steps, 1)  # an unused row keeps K = 0 loadable
+        self.reason_pos_emb = nn.Embedding(steps, config.hidden_size)
+        nn.init.xavier_normal_(self.reason_pos_emb.weight)
+        if config.reasoning_steps == 0:
+            self.reason_pos_emb.weight.requires_grad_(False)
+
+    def _embed(self, input_ids: Tensor) -> Tensor:
+        """Item inputs exactly as ``SASRec.encode`` builds them: (B, L) -> (B, L, D)."""
+        sas, cfg = self.backbone, self.backbone.config
+        L = input_ids.size(1)
+        x = sas.item_emb(input_ids)
+        if cfg.scale_embedding:
+            x = x * cfg.hidden_size**0.5
+        if sas.pos_emb is not None:
+            right_aligned = torch.arange(cfg.max_seq_len - L, cfg.max_seq_len, device=x.device)
+            x = x + sas.pos_emb(right_aligned)
+        return sas.emb_dropout(x) * (input_ids != PAD_ID).unsqueeze(-1)
+
+    def _blocks(self, x: Tensor, mask: Tensor) -> Tensor:
+        for block in self.backbone.blocks:
+            x, _ = block(x, mask)
+        return self.backbone.ln_f(x)
+
+    def reasoning_states(self, input_ids: Tensor, steps: int, newest_only: bool) -> Tensor:
+        """(B, L) histories -> (B, G, steps + 1, D): h_0 (the backbone's state) and the states
+        of ``steps`` reasoning tokens, at every position (G = L) or the newest (G = 1)."""
+        input_ids = input_ids[:, -self.config.max_seq_len :]
+        L = input_ids.size(1)
+        real = input_ids != PAD_ID
+        x = self._embed(input_ids)  # (B, L, D)
+        positions = torch.arange(L - 1 if newest_only else 0, L, device=x.device)  # (G,)
+        G = positions.numel()
+        states = [self._blocks(x, reasoning_mask(real, positions, 0))[:, positions]]
+        tokens: list[Tensor] = []
+        for k in range(steps):
+            # r_k = h_{k-1} + RPE_k, appended after the history (and the earlier tokens)
+            tokens.append(self.backbone.emb_dropout(states[-1] + self.reason_pos_emb.weight[k]))
+            out = self._blocks(
+                torch.cat([x, *tokens], dim=1), reasoning_mask(real, positions, k + 1)
+            )
+            states.append(out[:, -G:])  # (B, G, D)
+        return torch.stack(states, dim=2)
+
+    def forward(self, batch: SeqBatch) -> ModelOutput:
+        if batch.labels is None:
+            raise ValueError("ReaRec.forward needs batch.labels")
+        states = self.reasoning_states(
+            batch.input_ids, self.config.reasoning_steps, newest_only=False
+        )
+        labels = batch.labels[:, -states.size(1) :]
+        real = labels != PAD_ID
+        chosen = states[real]  # (P, K + 1, D)
+        items = self.backbone.output_embedding()
+        tau = self.config.temperature
+        loss = fused_full_ce(chosen.mean(dim=1) / tau, items, labels[real])
+        if self.config.kl_weight > 0:
+            loss = loss - self.config.kl_weight * kl_diversity(chosen, items, tau)
+        return ModelOutput(loss=loss)
+
+    def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+        states = self.reasoning_states(input_ids, self.config.inference_depth, newest_only=True)
+        user = states[:, 0].mean(dim=1)  # (B, D): the ensemble of the reasoning states
+        return user @ self.backbone.output_embedding().T / self.config.temperature

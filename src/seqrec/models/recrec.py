@@ -1,0 +1,621 @@
+"""RecRec: Latent Interests Recursive Reasoning for Sequential Recommendation (RecSys 2026).
+
+Specification: ``shared/specs/recrec.md`` (every equation below is numbered as there). No
+reference code is public; the reasoning loop follows the Tiny Recursion Model (TRM,
+Jolicoeur-Martineau 2025, arXiv:2510.04871), the compressor the Perceiver (Jaegle et al.,
+ICML 2021), the gate Slot Attention (Locatello et al., NeurIPS 2020).
+
+A wrapper over any backbone that turns a history into (B, L, D) hidden states H (SASRec or
+BERT4Rec, built from the registry by name). Three spaces: H, the behaviour record; S, an
+R x D scratchpad that is never decoded; M, R latent interests that predict. The Context
+Compressor reads H into M_0; the Recursive Reasoner, one weight-shared Transformer block,
+improves (S, M) one step at a time; items are scored by a log-mean-exp over the interests.
+Training has two stages: ``stage: 1`` trains backbone + compressor on M_0 (CE + IDR);
+``stage: 2`` (``train.init_from`` a stage-1 run) freezes both and trains the reasoner with
+deep supervision. The inference depth N is ``depth``, an inference setting: evaluate and
+recommend may change it on a trained model.
+
+Choices the specification leaves open, and deviations, all deliberate:
+- Training examples: with a causal backbone (SASRec) every position of a training row is
+  an example whose history is its prefix (``train_positions: all``); the compressor and
+  reasoner read H under a per-prefix mask, so H is encoded once per row. A bidirectional
+  backbone (BERT4Rec) sees the future from every position but the newest, so it trains on
+  the newest position only (``last``).
+- Stage 2 takes one optimizer step per batch on the mean of the K round losses. TRM steps
+  the optimizer after every round; here the K rounds see the same weights. The backbone
+  runs in eval mode in stage 2 (frozen, no dropout); the compressor keeps its dropout.
+- The BERT4Rec backbone is used without its [MASK] token and output head (RecRec's
+  interests and scoring replace them); those weights are frozen and unused.
+- Compressor and reasoner FFN widths, head counts, the compressor depth, lambda_IDR, tau
+  and S_0's standard deviation (1, truncated at 2, as TRM's initial states) are not given
+  by the specification; they are config fields with the defaults below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
+from seqrec.config import ConfigError, from_dict
+from seqrec.models.base import (
+    MODELS,
+    ModelConfig,
+    ScoringRecommender,
+    SequentialRecommender,
+    register_model,
+)
+from seqrec.nn.dropout import Dropout
+
+BackboneName = Literal["sasrec", "bert4rec"]
+Gate = Literal["gru", "overwrite"]
+TrainPositions = Literal["all", "last"]
+
+
+class _TupleEncoder(Protocol):  # SASRec: encode -> (hidden, attention weights)
+    def encode(self, input_ids: Tensor) -> tuple[Tensor, list[Tensor]]: ...
+
+
+class _TensorEncoder(Protocol):  # BERT4Rec: encode -> hidden
+    def encode(self, input_ids: Tensor) -> Tensor: ...
+
+
+class _ItemScorer(Protocol):
+    def output_embedding(self) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """What RecRec needs of a backbone: (B, L) ids -> (B, L, D) hidden states of the history."""
+
+    hidden: Callable[[nn.Module, Tensor], Tensor]
+    causal: bool  # position t's state depends on items <= t only
+    unused: tuple[str, ...] = ()  # parameter name prefixes RecRec does not use (frozen)
+
+
+BACKBONES: dict[BackboneName, Backbone] = {
+    "sasrec": Backbone(lambda m, ids: cast(_TupleEncoder, m).encode(ids)[0], causal=True),
+    "bert4rec": Backbone(
+        lambda m, ids: cast(_TensorEncoder, m).encode(ids),
+        causal=False,
+        unused=("head.", "out_bias"),
+    ),
+}
+SHARED_BACKBONE_FIELDS = ("hidden_size", "num_layers", "num_heads", "dropout", "max_seq_len")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecRecConfig(ModelConfig):
+    name: ClassVar[str] = "recrec"
+    inference_settings: ClassVar[tuple[str, ...]] = ("depth",)
+    # A stage-2 run starts from a stage-1 run whose config may differ only here.
+    warm_start_free: ClassVar[tuple[str, ...]] = (
+        "stage",
+        "depth",
+        "train_positions",
+        "dropout",
+        "compressor_dropout",
+        "idr_weight",
+        "inner_steps",
+        "steps_per_round",
+        "rounds",
+        "gate",
+    )
+    backbone: BackboneName = "sasrec"
+    hidden_size: int = 64  # d of the backbone, the interests and the reasoner
+    num_layers: int = 2  # backbone blocks
+    num_heads: int = 1  # backbone attention heads
+    dropout: float = 0.2  # backbone dropout
+    backbone_options: dict[str, Any] = field(default_factory=dict)  # other backbone fields
+    stage: Literal[1, 2] = 1  # 1: backbone + compressor; 2: the reasoner, the rest frozen
+    train_positions: TrainPositions = "all"  # every prefix is an example, or only the newest
+    num_interests: int = 8  # R
+    compressor_layers: int = 2
+    attention_heads: int = 2  # heads of the compressor's and the reasoner's attention
+    # Inner width of the compressor's FFN (None = 4 d); the reasoner's SwiGLU gets 2/3 of it,
+    # the same number of weights in its three matrices.
+    ffn_size: int | None = None
+    compressor_dropout: float = 0.1  # stays on in stage 2 (a regulariser)
+    idr_weight: float = 0.1  # lambda_IDR; 0 switches the regulariser off (ablation)
+    temperature: float = 1.0  # tau of s_r(v) = m_r . e_v / tau
+    inner_steps: int = 3  # n: scratchpad updates per reasoning step (0: S stays S_0)
+    steps_per_round: int = 3  # T: reasoning steps per supervision round, the last with grad
+    rounds: int = 3  # K: supervision rounds; training depth N = K * T
+    gate: Gate = "gru"  # how M_hat replaces M: a GRU gate, or overwrite (ablation)
+    depth: int | None = None  # inference depth N; None = training depth (0 in stage 1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive = ("num_interests", "compressor_layers", "attention_heads", "steps_per_round")
+        for name in (*positive, "rounds"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.inner_steps < 0:
+            raise ConfigError(f"model.inner_steps must be >= 0, got {self.inner_steps}")
+        if self.hidden_size % self.attention_heads != 0:
+            raise ConfigError(
+                f"model.hidden_size {self.hidden_size} must be divisible by "
+                f"model.attention_heads {self.attention_heads}"
+            )
+        for name in ("dropout", "compressor_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.temperature <= 0.0 or self.idr_weight < 0.0:
+            raise ConfigError("model.temperature must be > 0 and model.idr_weight >= 0")
+        if self.depth is not None and self.depth < 0:
+            raise ConfigError(f"model.depth must be >= 0 or null, got {self.depth}")
+        if self.stage == 1 and self.depth:
+            raise ConfigError(
+                "a stage-1 RecRec has no reasoner, so model.depth must be 0 or null; "
+                "train stage 2 (model.stage: 2, train.init_from: <stage-1 run>) to reason"
+            )
+        if self.train_positions == "all" and not BACKBONES[self.backbone].causal:
+            raise ConfigError(
+                f"backbone {self.backbone!r} is bidirectional: every position but the newest "
+                "sees its own target, so it needs model.train_positions: last"
+            )
+        self.backbone_config()  # the backbone's own validation, now rather than at build
+
+    @property
+    def inference_depth(self) -> int:
+        if self.depth is not None:
+            return self.depth
+        return 0 if self.stage == 1 else self.rounds * self.steps_per_round
+
+    def backbone_config(self) -> ModelConfig:
+        """The backbone's own config: the shared fields plus ``backbone_options``."""
+        if not isinstance(self.backbone_options, dict):
+            raise ConfigError(
+                f"model.backbone_options must be a mapping, got {self.backbone_options!r}"
+            )
+        try:
+            cls = MODELS.get(self.backbone).config_class
+        except KeyError:
+            raise ConfigError(
+                f"model.backbone {self.backbone!r} is not registered (the module "
+                f"seqrec.models.{self.backbone} is missing); available: {', '.join(MODELS.names())}"
+            ) from None
+        clash = sorted(
+            set(self.backbone_options) & {*SHARED_BACKBONE_FIELDS, "num_items", "num_users"}
+        )
+        if clash:
+            raise ConfigError(
+                f"model.backbone_options may not set {', '.join(clash)}: "
+                "set them on the model (or they come from the data)"
+            )
+        values = {name: getattr(self, name) for name in SHARED_BACKBONE_FIELDS}
+        values.update(loss="ce", **self.backbone_options)
+        values.update(num_items=self.num_items, num_users=self.num_users)
+        config = from_dict(cls, values, "model.backbone_options")
+        if getattr(config, "user_embedding", False):
+            raise ConfigError("RecRec reads only the backbone's hidden states: no user_embedding")
+        return config
+
+
+# ------------------------------------------------------------------------------ losses
+def interest_scores(interests: Tensor, items: Tensor, temperature: float) -> Tensor:
+    """s(v) = log((1/R) sum_r exp(m_r . e_v / tau)): (B, R, D), (N + 1, D) -> (B, N + 1).
+
+    One (B, N + 1) product per interest, folded in with logaddexp, so memory stays (B, N + 1).
+    """
+    R = interests.size(1)
+    scores = interests[:, 0] @ items.T / temperature
+    for r in range(1, R):
+        scores = torch.logaddexp(scores, interests[:, r] @ items.T / temperature)
+    return scores - math.log(R)
+
+
+def interest_ce_reference(
+    interests: Tensor, items: Tensor, targets: Tensor, temperature: float
+) -> Tensor:
+    """Mean softmax cross-entropy of the log-mean-exp scores over items 1..N.
+
+    interests: (P, R, D), items: (N + 1, D), targets: (P,) in 1..N.
+    """
+    logits = torch.einsum("prd,nd->prn", interests, items[1:]) / temperature  # (P, R, N)
+    scores = logits.logsumexp(dim=1) - math.log(interests.size(1))  # (P, N)
+    return F.cross_entropy(scores, targets - 1)
+
+
+class _FusedInterestCE(torch.autograd.Function):
+    """``interest_ce_reference`` with gradients computed chunk by chunk in the forward pass.
+
+    CE = logsumexp_{r,v} s_r(v) - logsumexp_r s_r(v+) (the log R terms cancel), so
+    dCE/ds_r(v) = softmax_{r,v} - [v = v+] softmax_r(s_r(v+)). The (P, R, N) logits are
+    never stored; each chunk's gradient is multiplied straight into the input gradients.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        interests: Tensor,
+        items: Tensor,
+        targets: Tensor,
+        temperature: float,
+        chunk: int,
+    ) -> Tensor:
+        P, R, D = interests.shape
+        catalogue = items[1:]  # (N, D)
+        N = catalogue.size(0)
+        grad_interests = torch.empty_like(interests) if ctx.needs_input_grad[0] else None  # type: ignore[attr-defined]
+        grad_items = torch.zeros_like(items) if ctx.needs_input_grad[1] else None  # type: ignore[attr-defined]
+        total = interests.new_zeros((), dtype=torch.float64)
+        scaled = interests / temperature  # logits = (m / tau) . e: no pass over the logits
+        for start in range(0, P, chunk):
+            m = scaled[start : start + chunk]  # (c, R, D)
+            c = m.size(0)
+            target = (targets[start : start + chunk] - 1).view(c, 1, 1).expand(c, R, 1)
+            logits = (m.reshape(c * R, D) @ catalogue.T).view(c, R * N)
+            at_target = logits.view(c, R, N).gather(2, target).squeeze(2)  # (c, R)
+            # softmax over (r, v) in place, keeping log sum exp = top + log(total)
+            top = logits.amax(dim=1, keepdim=True)
+            exps = logits.sub_(top).exp_()
+            total_exp = exps.sum(dim=1, keepdim=True)
+            lse = (top + total_exp.log()).squeeze(1)
+            total += (lse - at_target.logsumexp(dim=1)).sum(dtype=torch.float64)
+            if grad_interests is None and grad_items is None:
+                continue
+            grad = exps.div_(total_exp).view(c, R, N)  # the gradient, still unscaled by 1 / P
+            grad.scatter_add_(2, target, -at_target.softmax(dim=1).unsqueeze(2))
+            grad = grad.view(c * R, N)
+            if grad_interests is not None:
+                part = (grad @ catalogue).view(c, R, D)
+                grad_interests[start : start + chunk] = part.div_(P * temperature)
+            if grad_items is not None:
+                grad_items[1:].addmm_(grad.T, m.reshape(c * R, D), alpha=1.0 / P)
+        ctx.save_for_backward(grad_interests, grad_items)  # type: ignore[arg-type]
+        return (total / P).to(interests.dtype)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_output: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        grad_interests, grad_items = ctx.saved_tensors  # type: ignore[attr-defined]
+        return (
+            None if grad_interests is None else grad_interests * grad_output,
+            None if grad_items is None else grad_items * grad_output,
+            None,
+            None,
+            None,
+        )
+
+
+def interest_ce(interests: Tensor, items: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """Same value and gradients as ``interest_ce_reference``; memory bounded by about 1024
+    (position, interest) rows of N logits at a time."""
+    chunk = max(1, 1024 // interests.size(1))
+    loss: Tensor = _FusedInterestCE.apply(  # type: ignore[no-untyped-call]
+        interests.float(), items.float(), targets.long(), temperature, chunk
+    )
+    return loss
+
+
+def interest_diversity(interests: Tensor) -> Tensor:
+    """L_IDR = 1/(R(R-1)) sum_{r != r'} cos(m_r, m_r'), mean over examples: (P, R, D) -> ().
+
+    Also the mean pairwise cosine of the interests that the report quotes. 0 when R = 1.
+    """
+    R = interests.size(1)
+    if R < 2:
+        return interests.new_zeros(())
+    unit = F.normalize(interests.float(), dim=-1)
+    gram = unit @ unit.transpose(1, 2)  # (P, R, R)
+    off_diagonal = gram.sum(dim=(1, 2)) - gram.diagonal(dim1=1, dim2=2).sum(dim=1)
+    return (off_diagonal / (R * (R - 1))).mean()
+
+
+# ------------------------------------------------------------------------------ layers
+def prefix_mask(real: Tensor, newest_only: bool) -> Tensor:
+    """(B, L) real-item mask -> (B, G, L): which positions of H group g may read.
+
+    Group g is the history ending at position g (G = L, a causal backbone's prefixes), or
+    with ``newest_only`` the whole history (G = 1). A group always reads its own position,
+    so a padded group (discarded later) is never fully masked.
+    """
+    L = real.size(1)
+    own = torch.eye(L, dtype=torch.bool, device=real.device)
+    if newest_only:
+        return real.unsqueeze(1) | own[-1:]
+    before = torch.ones(L, L, dtype=torch.bool, device=real.device).tril()  # [g, j]: j <= g
+    return (real.unsqueeze(1) & before) | own
+
+
+KeysValues = tuple[Tensor, Tensor]  # keys and values, (B, H, ..., T, D / H) each
+
+
+class GroupAttention(nn.Module):
+    """Multi-head attention of (B, G, R, D) queries over the union of two key sets: keys of
+    their own group (B, H, G, C, d), and keys shared by all groups of a row (B, H, L, d),
+    each group reading the shared positions its (B, G, L) mask allows. One softmax runs over
+    both sets; keys are projected by ``keys`` so that callers can reuse them."""
+
+    def __init__(self, D: int, num_heads: int, bias: bool) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(D, D, bias=bias)
+        self.kv = nn.Linear(D, 2 * D, bias=bias)
+        self.proj = nn.Linear(D, D, bias=bias)
+
+    def keys(self, x: Tensor) -> KeysValues:
+        """(B, ..., T, D) -> keys and values (B, H, ..., T, D / H)."""
+        kv = self.kv(x).view(*x.shape[:-1], 2, self.num_heads, -1)
+        return kv[..., 0, :, :].movedim(-2, 1), kv[..., 1, :, :].movedim(-2, 1)
+
+    def forward(
+        self,
+        x: Tensor,
+        own: KeysValues | None,
+        shared: KeysValues | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        B, G, R, D = x.shape
+        H = self.num_heads
+        q = self.q(x).view(B, G, R, H, D // H).movedim(3, 1) / math.sqrt(D // H)  # (B, H, G, R, d)
+        scores = []
+        if own is not None:
+            scores.append(q @ own[0].transpose(-1, -2))  # (B, H, G, R, C)
+        if shared is not None:
+            assert mask is not None
+            s = q.reshape(B, H, G * R, -1) @ shared[0].transpose(-1, -2)  # (B, H, G * R, L)
+            s = s.view(B, H, G, R, -1).masked_fill(~mask[:, None, :, None, :], float("-inf"))
+            scores.append(s)
+        weights = torch.cat(scores, dim=-1).softmax(dim=-1)
+        out = x.new_zeros(B, H, G, R, D // H)
+        if own is not None:
+            C = own[1].size(-2)
+            out = out + weights[..., :C] @ own[1]
+            weights = weights[..., C:]
+        if shared is not None:
+            rows = weights.reshape(B, H, G * R, -1) @ shared[1]  # (B, H, G * R, d)
+            out = out + rows.view(B, H, G, R, -1)
+        return self.proj(out.movedim(1, 3).reshape(B, G, R, D))
+
+
+class CompressorLayer(nn.Module):
+    """Z <- Z + CrossAttn(LN(Z), H_bar, H_bar); Z <- Z + SelfAttn(LN(Z)); Z <- Z + FFN(LN(Z))."""
+
+    def __init__(self, config: RecRecConfig) -> None:
+        super().__init__()
+        D = config.hidden_size
+        inner = config.ffn_size or 4 * D
+        self.ln_crossattn = nn.LayerNorm(D)
+        self.crossattn = GroupAttention(D, config.attention_heads, bias=True)
+        self.ln_selfattn = nn.LayerNorm(D)
+        self.selfattn = GroupAttention(D, config.attention_heads, bias=True)
+        self.ln_ffn = nn.LayerNorm(D)
+        self.ffn = nn.Sequential(nn.Linear(D, inner), nn.GELU(), nn.Linear(inner, D))
+        self.dropout = Dropout(config.compressor_dropout)
+
+    def forward(self, z: Tensor, h_bar: Tensor, mask: Tensor) -> Tensor:
+        attended = self.crossattn(self.ln_crossattn(z), None, self.crossattn.keys(h_bar), mask)
+        z = z + self.dropout(attended)
+        y = self.ln_selfattn(z)
+        # among the R interests of a group: no positions, no mask
+        z = z + self.dropout(self.selfattn(y, self.selfattn.keys(y)))
+        return z + self.dropout(self.ffn(self.ln_ffn(z)))
+
+
+class ContextCompressor(nn.Module):
+    """R learned queries read H (Perceiver-style): (B, L, D), (B, G, L) -> M_0 (B, G, R, D)."""
+
+    def __init__(self, config: RecRecConfig) -> None:
+        super().__init__()
+        self.queries = nn.Parameter(torch.empty(config.num_interests, config.hidden_size))
+        self.ln_input = nn.LayerNorm(config.hidden_size)
+        self.layers = nn.ModuleList(
+            CompressorLayer(config) for _ in range(config.compressor_layers)
+        )
+
+    def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        h_bar = self.ln_input(hidden)  # computed once, shared by every layer
+        B, G, _ = mask.shape
+        z = self.queries.expand(B, G, *self.queries.shape)
+        for layer in self.layers:
+            z = layer(z, h_bar, mask)
+        return z
+
+
+class SwiGLU(nn.Module):
+    """W_2 (SiLU(W_1 x) * W_3 x), bias-free."""
+
+    def __init__(self, D: int, inner: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(D, inner, bias=False)
+        self.w3 = nn.Linear(D, inner, bias=False)
+        self.w2 = nn.Linear(inner, D, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Reasoner(nn.Module):
+    """One pre-norm block, the same weights for S and for M:
+    X' = X + Attn(LN_q(X), [LN_q(X); LN_kv(C)]);  Reasoner(X, C) = X' + FFN(LN_ffn(X')).
+
+    The context C is own-group states (M for S, S for M) and, for S, the behaviour record H
+    shared by the groups of a row. ``context`` projects a context's keys once, so M's are
+    reused by the n scratchpad updates of a step and H's by every step of a batch.
+    Output projections start at zero, so the block starts as the identity.
+    """
+
+    def __init__(self, config: RecRecConfig) -> None:
+        super().__init__()
+        D = config.hidden_size
+        self.ln_q = nn.LayerNorm(D)
+        self.ln_kv = nn.LayerNorm(D)
+        self.attn = GroupAttention(D, config.attention_heads, bias=False)
+        self.ln_ffn = nn.LayerNorm(D)
+        self.ffn = SwiGLU(D, max(1, 2 * (config.ffn_size or 4 * D) // 3))
+
+    def context(self, states: Tensor) -> KeysValues:
+        """(B, ..., T, D) context states -> keys and values of LN_kv(states)."""
+        return self.attn.keys(self.ln_kv(states))
+
+    def forward(
+        self,
+        x: Tensor,
+        context: KeysValues,
+        shared: KeysValues | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """x: (B, G, R, D); context: own-group keys (``context``); shared: H's keys."""
+        query = self.ln_q(x)
+        k, v = self.attn.keys(query)
+        own = torch.cat([k, context[0]], dim=-2), torch.cat([v, context[1]], dim=-2)
+        x = x + self.attn(query, own, shared, mask)  # keys: [LN_q(X); LN_kv(C)]
+        return x + self.ffn(self.ln_ffn(x))
+
+
+class InterestGate(nn.Module):
+    """M <- GRU(M_hat, M_prev), Slot-Attention style, with layer-normalised inputs."""
+
+    def __init__(self, D: int) -> None:
+        super().__init__()
+        self.ln_update = nn.LayerNorm(D)
+        self.ln_state = nn.LayerNorm(D)
+        self.gru = nn.GRUCell(D, D)
+
+    def forward(self, update: Tensor, state: Tensor) -> Tensor:
+        D = state.size(-1)
+        gated = self.gru(self.ln_update(update).reshape(-1, D), self.ln_state(state).reshape(-1, D))
+        return gated.view_as(state)
+
+
+# ------------------------------------------------------------------------------ model
+@register_model
+class RecRec(ScoringRecommender):
+    config_class = RecRecConfig
+    config: RecRecConfig
+    s0: Tensor | None
+
+    def __init__(self, config: RecRecConfig) -> None:
+        super().__init__(config)
+        D, R = config.hidden_size, config.num_interests
+        self.spec = BACKBONES[config.backbone]
+        self.backbone: SequentialRecommender = MODELS.get(config.backbone)(config.backbone_config())
+        self.compressor = ContextCompressor(config)
+        self.compressor.apply(self._init_weights)
+        nn.init.trunc_normal_(self.compressor.queries, std=0.02, a=-0.04, b=0.04)
+        self.reasoner = Reasoner(config) if config.stage == 2 else None
+        self.gate = InterestGate(D) if config.stage == 2 and config.gate == "gru" else None
+        s0 = None
+        if self.reasoner is not None:
+            self.reasoner.apply(self._init_weights)
+            nn.init.zeros_(self.reasoner.attn.proj.weight)  # the Reasoner starts as the identity
+            nn.init.zeros_(self.reasoner.ffn.w2.weight)
+            # S_0: drawn once, identical for every user; a buffer (saved with the weights),
+            # never a parameter: no gradient reaches it under deep supervision.
+            s0 = nn.init.trunc_normal_(torch.empty(R, D), std=1.0, a=-2.0, b=2.0)
+        self.register_buffer("s0", s0)
+        for name, parameter in self.backbone.named_parameters():
+            if name.startswith(self.spec.unused):
+                parameter.requires_grad_(False)
+        if config.stage == 2:  # frozen; excluded from the optimizer (requires_grad False)
+            for parameter in (*self.backbone.parameters(), *self.compressor.parameters()):
+                parameter.requires_grad_(False)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_normal_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def train(self, mode: bool = True) -> RecRec:
+        super().train(mode)
+        if self.config.stage == 2:
+            self.backbone.train(False)  # frozen and deterministic; the compressor keeps dropout
+        return self
+
+    def items(self) -> Tensor:
+        """(N + 1, D) the backbone's item embeddings e_v."""
+        return cast(_ItemScorer, self.backbone).output_embedding()
+
+    def encode(self, input_ids: Tensor, newest_only: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, L) histories -> H (B, L, D), the group mask (B, G, L) and M_0 (B, G, R, D)."""
+        input_ids = input_ids[:, -self.config.max_seq_len :]
+        hidden = self.spec.hidden(self.backbone, input_ids)
+        mask = prefix_mask(input_ids != PAD_ID, newest_only)
+        return hidden, mask, self.compressor(hidden, mask)
+
+    def step(self, s: Tensor, m: Tensor, shared: KeysValues, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """One reasoning step on (B, G, R, D) states: n scratchpad updates with M fixed, then
+        the interests are updated from the scratchpad."""
+        reasoner = self.reasoner
+        assert reasoner is not None
+        fixed = reasoner.context(m)  # M is fixed during the scratchpad updates
+        for _ in range(self.config.inner_steps):
+            s = reasoner(s, fixed, shared, mask)  # S <- Reasoner(S, [H; M])
+        update = reasoner(m, reasoner.context(s))  # M_hat = Reasoner(M, S)
+        return s, update if self.gate is None else self.gate(update, m)
+
+    def reason(self, hidden: Tensor, mask: Tensor, m: Tensor, depth: int) -> Iterator[Tensor]:
+        """M_1, ..., M_depth from M_0 = ``m`` (B, G, R, D), starting the scratchpad at S_0."""
+        if depth == 0:
+            return
+        assert self.reasoner is not None
+        assert self.s0 is not None
+        shared = self.reasoner.context(hidden)
+        s = self.s0.expand_as(m)
+        for _ in range(depth):
+            s, m = self.step(s, m, shared, mask)
+            yield m
+
+    def interests(self, input_ids: Tensor, depth: int | None = None) -> Tensor:
+        """(B, L) histories -> (B, R, D) interests after ``depth`` steps (default: the
+        config's inference depth)."""
+        hidden, mask, m = self.encode(input_ids, newest_only=True)
+        depth = self.config.inference_depth if depth is None else depth
+        for deeper in self.reason(hidden, mask, m, depth):
+            m = deeper
+        return m[:, 0]
+
+    def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+        return interest_scores(self.interests(input_ids), self.items(), self.config.temperature)
+
+    def objective(self, m: Tensor, targets: Tensor) -> Tensor:
+        """CE of the log-mean-exp scores + lambda IDR: (P, R, D), (P,) -> ()."""
+        loss = interest_ce(m, self.items(), targets, self.config.temperature)
+        if self.config.idr_weight > 0:
+            loss = loss + self.config.idr_weight * interest_diversity(m)
+        return loss
+
+    def forward(self, batch: SeqBatch) -> ModelOutput:
+        if batch.labels is None:
+            raise ValueError("RecRec.forward needs batch.labels")
+        newest_only = self.config.train_positions == "last"
+        labels = batch.labels[:, -self.config.max_seq_len :]
+        labels = labels[:, -1:] if newest_only else labels  # (B, G): one target per group
+        real = labels != PAD_ID
+        targets = labels[real]  # (P,)
+        if self.config.stage == 1:
+            _, _, m = self.encode(batch.input_ids, newest_only)
+            return ModelOutput(loss=self.objective(m[real], targets))
+        with torch.no_grad():  # frozen; the compressor's dropout still draws in train mode
+            hidden, mask, m = self.encode(batch.input_ids, newest_only)
+        return ModelOutput(loss=self.deep_supervision(hidden, mask, m, real, targets))
+
+    def deep_supervision(
+        self, hidden: Tensor, mask: Tensor, m: Tensor, real: Tensor, targets: Tensor
+    ) -> Tensor:
+        """Stage 2: K rounds of T steps from (S_0, M_0); only each round's last step has a
+        gradient (1-step BPTT), S and M are detached between rounds; mean of round losses."""
+        assert self.reasoner is not None
+        assert self.s0 is not None
+        shared = self.reasoner.context(hidden)  # depends on the reasoner: keeps its gradient
+        s = self.s0.expand_as(m)
+        losses = []
+        for _ in range(self.config.rounds):
+            with torch.no_grad():
+                for _ in range(self.config.steps_per_round - 1):
+                    s, m = self.step(s, m, shared, mask)
+            s, m = self.step(s, m, shared, mask)
+            losses.append(self.objective(m[real], targets))
+            s, m = s.detach(), m.detach()
+        return torch.stack(losses).mean()

@@ -1,0 +1,94 @@
+"""RecRec's two stages through the training loop, inference depth, and the depth curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqrec.analysis.depth import analyze_depth, depth_summary_lines
+from seqrec.config import ConfigError, experiment_from_raw
+from seqrec.training.checkpoint import WEIGHTS, load_torch
+from seqrec.training.run import evaluate_run, train_experiment
+from tests.cli.helpers import tiny_raw, train_isolated
+
+MODEL = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
+STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Stage 1 (2 epochs) and stage 2 from it (1 epoch) on 300 synthetic users."""
+    root = tmp_path_factory.mktemp("recrec")
+    stage_1 = train_isolated(
+        tiny_raw(model=MODEL, train={"max_epochs": 2}), root / "stage1", root / "cache"
+    )
+    raw = tiny_raw(model={**MODEL, **STAGE_2}, train={"max_epochs": 1, "init_from": str(stage_1)})
+    return stage_1, train_isolated(raw, root / "stage2", root / "cache")
+
+
+def test_stage_2_starts_from_stage_1_and_keeps_its_weights(runs: tuple[Path, Path]) -> None:
+    stage_1, stage_2 = runs
+    first, second = load_torch(stage_1 / WEIGHTS), load_torch(stage_2 / WEIGHTS)
+    assert set(first) < set(second)
+    for name, tensor in first.items():  # backbone and compressor: loaded, then frozen
+        assert torch.equal(second[name], tensor), name
+    assert any(name.startswith("reasoner.") for name in second)
+    assert "s0" in second
+
+
+def test_depth_zero_of_stage_2_is_the_stage_1_model(runs: tuple[Path, Path]) -> None:
+    stage_1, stage_2 = runs
+    at_zero, _ = evaluate_run(stage_2, settings={"depth": 0})
+    assert at_zero.metrics == evaluate_run(stage_1)[0].metrics
+    with pytest.raises(ConfigError, match="model.num_interests cannot change after training"):
+        evaluate_run(stage_2, settings={"num_interests": 2})
+
+
+def test_a_finished_stage_2_run_resumes(runs: tuple[Path, Path]) -> None:
+    _, stage_2 = runs
+    config = json.loads((stage_2 / "config.json").read_text())
+    raw = {k: config[k] for k in ("data", "train", "eval")}
+    raw["model"] = {k: v for k, v in config["model"].items() if k not in ("num_items", "num_users")}
+    outcome = train_experiment(experiment_from_raw(raw), stage_2, resume=True)  # optimizer state
+    assert outcome.fit.epochs == 1
+
+
+def test_init_from_is_checked_before_training(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    stage_1, _ = runs
+    missing = tiny_raw(model={**MODEL, **STAGE_2}, train={"init_from": str(tmp_path / "nope")})
+    with pytest.raises(ConfigError, match=r"train.init_from: run directory .*nope does not exist"):
+        train_experiment(experiment_from_raw(missing), tmp_path / "a")
+    other = tiny_raw(
+        model={**MODEL, **STAGE_2, "hidden_size": 12}, train={"init_from": str(stage_1)}
+    )
+    with pytest.raises(ConfigError, match=r"incompatible model config \(model.hidden_size: 16"):
+        train_experiment(experiment_from_raw(other), tmp_path / "b")
+    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "b").exists()
+
+
+def test_analyze_depth_writes_the_curve(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    stage_1, stage_2 = runs
+    report = analyze_depth(stage_2, tmp_path / "depth", max_depth=2)
+    rows = json.loads((tmp_path / "depth" / "depth.json").read_text())
+    assert [row["depth"] for row in rows] == [0, 1, 2]
+    assert all(0.0 <= row["NDCG@10"] <= row["Recall@10"] <= row["Recall@20"] <= 1 for row in rows)
+    assert all(-1.0 <= row["interest_cosine"] <= 1.0 for row in rows)
+    assert rows[0]["NDCG@10"] == evaluate_run(stage_1)[0].metrics["NDCG@10"]
+    assert (tmp_path / "depth" / "depth.csv").is_file()
+    assert (tmp_path / "depth" / "depth.png").stat().st_size > 0
+    assert "best N =" in report.read_text()
+    assert depth_summary_lines(rows)[0].startswith("best N =")
+
+
+def test_analyze_depth_refuses_models_without_a_depth(
+    runs: tuple[Path, Path], pop_run: Path, tmp_path: Path
+) -> None:
+    stage_1, _ = runs
+    with pytest.raises(ConfigError, match="stage-1 RecRec has no reasoner"):
+        analyze_depth(stage_1, tmp_path, max_depth=2)
+    with pytest.raises(ConfigError, match="'pop' has no inference depth"):
+        analyze_depth(pop_run, tmp_path, max_depth=2)

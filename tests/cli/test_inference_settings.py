@@ -1,0 +1,78 @@
+"""``--set model.KEY=VALUE`` on a trained run (RecRec's depth) and ``seqrec analyze depth``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.helpers import one_error_line, run_seqrec, tiny_raw, train_isolated
+
+MODEL = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
+STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
+
+
+@pytest.fixture(scope="module")
+def stage_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("recrec-cli")
+    stage_1 = train_isolated(
+        tiny_raw(model=MODEL, train={"max_epochs": 1}), root / "stage1", root / "cache"
+    )
+    raw = tiny_raw(model={**MODEL, **STAGE_2}, train={"max_epochs": 1, "init_from": str(stage_1)})
+    return train_isolated(raw, root / "stage2", root / "cache")
+
+
+def evaluate_json(run: Path, *args: str) -> dict[str, float]:
+    done = run_seqrec("evaluate", run, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
+def test_depth_is_an_inference_setting_of_evaluate(stage_2: Path) -> None:
+    default = evaluate_json(stage_2)
+    zero = evaluate_json(stage_2, "--set", "model.depth=0")
+    same = evaluate_json(stage_2, "--set", "model.depth=4")  # the training depth K * T
+    assert same["NDCG@20"] == default["NDCG@20"]
+    assert zero["NDCG@20"] != default["NDCG@20"]
+
+
+def test_recommend_takes_the_depth_too(stage_2: Path) -> None:
+    ranked = {}
+    for depth in ("0", "6"):
+        done = run_seqrec(
+            "recommend",
+            stage_2,
+            "--history",
+            "1",
+            "2",
+            "3",
+            "--json",
+            "--set",
+            f"model.depth={depth}",
+        )
+        assert done.returncode == 0, done.stderr
+        ranked[depth] = json.loads(done.stdout)["scores"]
+    assert ranked["0"] != ranked["6"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.hidden_size=8", "model.hidden_size cannot change after training"),
+        ("train.lr=0.1", "only model inference settings"),
+    ],
+)
+def test_other_settings_are_refused(stage_2: Path, override: str, message: str) -> None:
+    done = run_seqrec("evaluate", stage_2, "--set", override)
+    assert done.returncode == 2
+    assert message in one_error_line(done.stderr)
+
+
+def test_analyze_depth_command(stage_2: Path, tmp_path: Path) -> None:
+    done = run_seqrec("analyze", "depth", stage_2, "--max-depth", "2", "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "depth.json").read_text())
+    assert [row["depth"] for row in rows] == [0, 1, 2]
+    assert f"report: {tmp_path / 'depth.md'}" in done.stdout

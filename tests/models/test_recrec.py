@@ -1,0 +1,309 @@
+"""RecRec: the reasoner, the two stages, deep supervision, scoring and the IDR, by hand."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from seqrec.batch import PAD_ID, SeqBatch
+from seqrec.config import ConfigError, TrainConfig
+from seqrec.models import build_model, build_model_config
+from seqrec.models.base import with_inference_settings
+from seqrec.models.recrec import (
+    RecRec,
+    interest_ce,
+    interest_ce_reference,
+    interest_diversity,
+    interest_scores,
+    prefix_mask,
+)
+from seqrec.training.loop import build_optimizer
+from tests.models import test_common
+from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS
+
+TINY = {k: v for k, v in TINY_CONFIGS["recrec"].items() if k not in ("num_items", "num_users")}
+# Small deep supervision so a stage-2 step stays cheap: K=2 rounds of T=2 steps, n=2.
+STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 2}
+
+
+def make(seed: int = 0, **values: object) -> RecRec:
+    torch.manual_seed(seed)
+    config = build_model_config(
+        {"name": "recrec", **TINY, **values}, num_items=NUM_ITEMS, num_users=NUM_USERS
+    )
+    model = build_model(config)
+    assert isinstance(model, RecRec)
+    return model
+
+
+def randomise_reasoner(model: RecRec) -> RecRec:
+    """Non-zero output projections, so that a reasoning step changes S and M."""
+    assert model.reasoner is not None
+    with torch.no_grad():
+        torch.nn.init.normal_(model.reasoner.attn.proj.weight, std=0.3)
+        torch.nn.init.normal_(model.reasoner.ffn.w2.weight, std=0.3)
+    return model
+
+
+def record_steps(model: RecRec) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """Replace ``model.step`` by a wrapper that records (S in, M in, S out, M out)."""
+    calls: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+    step: Callable[..., tuple[Tensor, Tensor]] = model.step
+
+    def recorded(s: Tensor, m: Tensor, *rest: object) -> tuple[Tensor, Tensor]:
+        s_out, m_out = step(s, m, *rest)
+        calls.append((s, m, s_out, m_out))
+        return s_out, m_out
+
+    model.step = recorded
+    return calls
+
+
+# ------------------------------------------------------------------ reasoner and states
+def test_reasoner_is_the_identity_at_init() -> None:
+    model = make(**STAGE_2)
+    reasoner = model.reasoner
+    assert reasoner is not None
+    x, context, hidden = torch.randn(2, 3, 3, 18), torch.randn(2, 3, 3, 18), torch.randn(2, 5, 18)
+    mask = prefix_mask(torch.ones(2, 5, dtype=torch.bool), newest_only=False)[:, :3]
+    own, shared = reasoner.context(context), reasoner.context(hidden)
+    torch.testing.assert_close(reasoner(x, own, shared, mask), x, rtol=0, atol=0)
+    torch.testing.assert_close(reasoner(x, own), x, rtol=0, atol=0)
+    randomise_reasoner(model)
+    assert not torch.allclose(reasoner(x, own, shared, mask), x)
+
+
+def test_s0_is_a_fixed_truncated_normal_buffer_not_a_parameter() -> None:
+    model = make(**STAGE_2)
+    assert "s0" in dict(model.named_buffers())
+    assert "s0" not in dict(model.named_parameters())
+    assert "s0" in model.state_dict()  # saved with the weights: a loaded model reasons alike
+    assert model.s0 is not None
+    assert model.s0.shape == (3, 18)
+    assert not model.s0.requires_grad
+    assert model.s0.abs().max() <= 2.0
+    assert model.s0.std() > 0.5  # drawn with std 1, truncated at 2
+    assert "s0" not in make().state_dict()  # stage 1 has no reasoner
+
+
+def test_every_round_starts_from_detached_states_and_only_its_last_step_has_grad(
+    batch: SeqBatch,
+) -> None:
+    model = make(rounds=3, steps_per_round=3, stage=2, inner_steps=1)
+    calls = record_steps(model)
+    model.train()(batch).loss.backward()
+    assert len(calls) == 9  # K x T steps
+    with_grad = [m_out.requires_grad for _, _, _, m_out in calls]
+    assert with_grad == [False, False, True] * 3
+    assert not any(s.requires_grad or m.requires_grad for s, m, _, _ in calls)  # detached in
+    assert model.s0 is not None
+    torch.testing.assert_close(calls[0][0], model.s0.expand_as(calls[0][0]))  # round 1: S_0
+    torch.testing.assert_close(calls[3][0], calls[2][2])  # round 2 inherits round 1's S
+    assert all(p.grad is not None for p in model.reasoner.parameters())
+
+
+def test_n_zero_keeps_the_scratchpad_at_s0(batch: SeqBatch) -> None:
+    for n, fixed in ((0, True), (2, False)):
+        model = randomise_reasoner(make(**{**STAGE_2, "inner_steps": n}))
+        calls = record_steps(model)
+        model.eval().score(batch.input_ids)
+        assert model.s0 is not None
+        s_after = calls[-1][2]
+        assert torch.equal(s_after, model.s0.expand_as(s_after)) == fixed
+
+
+def test_overwrite_and_gru_gate_differ(batch: SeqBatch) -> None:
+    m0 = make(**STAGE_2).eval().interests(batch.input_ids, depth=0)
+    # At init the reasoner is the identity, so overwriting keeps M_0; the GRU gate does not.
+    overwrite = make(**STAGE_2, gate="overwrite").eval()
+    gru = make(**STAGE_2, gate="gru").eval()
+    assert gru.gate is not None
+    assert overwrite.gate is None
+    torch.testing.assert_close(overwrite.interests(batch.input_ids, depth=2), m0)
+    assert not torch.allclose(gru.interests(batch.input_ids, depth=2), m0, atol=1e-3)
+    randomise_reasoner(overwrite)
+    gru.reasoner.load_state_dict(overwrite.reasoner.state_dict())
+    assert not torch.allclose(
+        overwrite.interests(batch.input_ids, depth=1), gru.interests(batch.input_ids, depth=1)
+    )
+
+
+def test_prefix_examples_read_only_their_past(batch: SeqBatch) -> None:
+    model = make().eval()
+    t = 4
+    changed = batch.input_ids.clone()
+    changed[:, t + 1 :] = torch.randint(1, NUM_ITEMS + 1, changed[:, t + 1 :].shape)
+    with torch.no_grad():
+        _, _, before = model.encode(batch.input_ids, newest_only=False)
+        _, _, after = model.encode(changed, newest_only=False)
+    real = (batch.input_ids != PAD_ID)[:, : t + 1]
+    torch.testing.assert_close(before[:, : t + 1][real], after[:, : t + 1][real])
+    assert not torch.allclose(before[:, -1], after[:, -1])
+
+
+def test_prefix_mask() -> None:
+    real = torch.tensor([[False, True, True]])
+    assert prefix_mask(real, newest_only=True).tolist() == [[[False, True, True]]]
+    assert prefix_mask(real, newest_only=False).tolist() == [
+        [[True, False, False], [False, True, False], [False, True, True]]
+    ]  # a padded group reads only itself (never fully masked; discarded later)
+
+
+# ------------------------------------------------------------------ scoring and losses
+def test_log_mean_exp_scoring_by_hand() -> None:
+    interests = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])  # (1, R=2, D=2)
+    items = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0]])  # PAD, item 1, item 2
+    scores = interest_scores(interests, items, temperature=0.5)
+    # item 1: s_1 = 1 / 0.5 = 2, s_2 = 2 / 0.5 = 4; item 2: s_1 = 4, s_2 = 0
+    expected = [math.log((math.exp(2) + math.exp(4)) / 2), math.log((math.exp(4) + 1) / 2)]
+    torch.testing.assert_close(scores[0, 1:], torch.tensor(expected))
+
+
+def test_fused_interest_ce_matches_the_reference() -> None:
+    g = torch.Generator().manual_seed(0)
+    interests = torch.randn(11, 3, 5, generator=g, requires_grad=True)
+    items = torch.randn(NUM_ITEMS + 1, 5, generator=g, requires_grad=True)
+    targets = torch.randint(1, NUM_ITEMS + 1, (11,), generator=g)
+    fused = interest_ce(interests, items, targets, 0.7)
+    reference = interest_ce_reference(interests, items, targets, 0.7)
+    torch.testing.assert_close(fused, reference)
+    grads = torch.autograd.grad(fused, (interests, items))
+    expected = torch.autograd.grad(reference, (interests, items))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want)
+    # with R = 1 it is the ordinary softmax cross-entropy
+    logits = interests[:, 0] @ items[1:].T / 0.7
+    torch.testing.assert_close(
+        interest_ce(interests[:, :1], items, targets, 0.7),
+        torch.nn.functional.cross_entropy(logits, targets - 1),
+    )
+
+
+def test_idr_by_hand() -> None:
+    interests = torch.tensor([[[1.0, 0.0], [0.0, 3.0], [2.0, 2.0]]])
+    # cosines: (1, 2) = 0, (1, 3) = (2, 3) = 1 / sqrt(2); both orders, over R (R - 1) = 6
+    torch.testing.assert_close(interest_diversity(interests), torch.tensor(math.sqrt(2) / 3))
+    same = torch.ones(4, 3, 2)
+    torch.testing.assert_close(interest_diversity(same), torch.tensor(1.0))
+    assert interest_diversity(torch.randn(4, 1, 2)).item() == 0.0
+
+
+def test_depth_zero_scores_from_the_compressor_output(batch: SeqBatch) -> None:
+    model = randomise_reasoner(make(**STAGE_2)).eval()
+    with torch.no_grad():
+        hidden, _ = model.backbone.encode(batch.input_ids)
+        mask = prefix_mask(batch.input_ids != PAD_ID, newest_only=True)
+        m0 = model.compressor(hidden, mask)[:, 0]
+        expected = interest_scores(m0, model.backbone.output_embedding(), 1.0)
+        model.config = with_inference_settings(model.config, {"depth": 0})
+        torch.testing.assert_close(model.score(batch.input_ids), expected)
+        model.config = with_inference_settings(model.config, {"depth": 3})
+        assert not torch.allclose(model.score(batch.input_ids), expected)
+
+
+def test_the_objective_is_ce_plus_lambda_idr(batch: SeqBatch) -> None:
+    model = make(idr_weight=0.3, compressor_dropout=0.0, dropout=0.0).train()
+    loss = model(batch).loss
+    _, _, m = model.encode(batch.input_ids, newest_only=False)
+    real = batch.labels != PAD_ID
+    targets = batch.labels[real]
+    ce = interest_ce_reference(m[real], model.items(), targets, 1.0)
+    torch.testing.assert_close(loss, ce + 0.3 * interest_diversity(m[real]))
+
+
+# ------------------------------------------------------------------ stages
+def test_stage_2_freezes_backbone_and_compressor(batch: SeqBatch) -> None:
+    model = make(**STAGE_2)
+    frozen = {
+        name: p.detach().clone()
+        for name, p in model.named_parameters()
+        if name.startswith(("backbone.", "compressor."))
+    }
+    optimizer = build_optimizer(model, TrainConfig(lr=1e-2))
+    assert optimizer is not None
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in in_optimizer}
+    assert names
+    assert all(n.startswith(("reasoner.", "gate.")) for n in names)
+    reasoner_before = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
+    model.train()
+    loss = model(batch).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    for name, p in model.named_parameters():
+        if name in frozen:
+            assert torch.equal(p, frozen[name]), name
+    assert any(
+        not torch.equal(p, reasoner_before[n]) for n, p in model.named_parameters() if n in names
+    )
+
+
+def test_stage_2_keeps_compressor_dropout_on_and_the_backbone_deterministic(
+    batch: SeqBatch,
+) -> None:
+    model = make(**STAGE_2, compressor_dropout=0.5, dropout=0.5).train()
+    assert model.compressor.training
+    assert not model.backbone.training
+    with torch.no_grad():
+        h1, _, m1 = model.encode(batch.input_ids, newest_only=True)
+        h2, _, m2 = model.encode(batch.input_ids, newest_only=True)
+    torch.testing.assert_close(h1, h2)  # backbone: eval mode
+    assert not torch.allclose(m1, m2)  # compressor: dropout draws
+    assert make(compressor_dropout=0.5, dropout=0.5).train().backbone.training  # stage 1
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        test_common.test_loss_is_finite_and_reaches_every_parameter,
+        test_common.test_recommend_skips_padding_and_history,
+        test_common.test_rows_do_not_leak_into_each_other,
+        test_common.test_state_dict_round_trip,
+    ],
+    ids=lambda f: f.__name__,
+)
+def test_stage_2_meets_the_model_contract(
+    check: Callable[[RecRec, SeqBatch], None], batch: SeqBatch
+) -> None:
+    check(randomise_reasoner(make(**STAGE_2)), batch)
+
+
+def test_bert4rec_backbone_trains_on_the_newest_position(batch: SeqBatch) -> None:
+    with pytest.raises(ConfigError, match="bidirectional.*train_positions: last"):
+        make(backbone="bert4rec")
+    model = make(backbone="bert4rec", train_positions="last")
+    loss = model.train()(batch).loss
+    loss.backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused
+    assert not model.backbone.out_bias.requires_grad
+    assert model.eval().recommend(batch.input_ids, k=5).shape == (3, 5)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"depth": 3}, "stage-1 RecRec has no reasoner"),
+        ({"backbone_options": {"hiden": 1}}, r"unknown key\(s\) model.backbone_options.hiden"),
+        ({"backbone_options": {"hidden_size": 8}}, "may not set hidden_size"),
+        ({"hidden_size": 18, "attention_heads": 4}, "divisible by model.attention_heads"),
+        ({"stage": 2, "depth": -1}, "model.depth must be >= 0"),
+    ],
+)
+def test_config_errors(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make(**values)
+
+
+def test_depth_is_an_inference_setting_and_nothing_else_is() -> None:
+    config = make(**STAGE_2).config
+    assert config.inference_depth == 4  # K x T
+    assert with_inference_settings(config, {"depth": 7}).inference_depth == 7
+    with pytest.raises(ConfigError, match=r"model.num_interests cannot change after training"):
+        with_inference_settings(config, {"num_interests": 2})
+    assert make().config.inference_depth == 0
