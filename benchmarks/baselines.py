@@ -130,13 +130,18 @@ def main() -> None:
                 rows.append({**row, "model_key": model, "dataset_key": dataset})
             save_rows(rows, out / "baselines.json")
     shown = [m for m in args.models if any(r["model_key"] == m for r in rows)]
+    if max_epochs is not None:
+        print(
+            f"\nEvery model stopped after at most {max_epochs} epochs: a smoke run, not a "
+            "reproduction; the verdicts below say nothing about the paper's finding."
+        )
     print("\n## Sampled protocol (the SASRec paper's Table III): test HR@10 | NDCG@10\n")
     print(metric_table(rows, "sampled", shown, datasets))
     print("\n" + finding(rows, "sampled", datasets))
     print("\n## Full ranking, filter-seen: test HR@10 | NDCG@10\n")
     print(metric_table(rows, "full", shown, datasets))
     print("\n" + finding(rows, "full", datasets))
-    print("\n## Training time (2 CPU cores unless stated): median s/epoch, epochs, total\n")
+    print("\n## Training time on this machine: median s/epoch, epochs (best), total\n")
     print(time_table(rows, shown, datasets))
     print(f"\nrows: {out / 'baselines.json'}")
 
