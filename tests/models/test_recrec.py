@@ -116,20 +116,32 @@ def test_n_zero_keeps_the_scratchpad_at_s0(batch: SeqBatch) -> None:
         assert torch.equal(s_after, model.s0.expand_as(s_after)) == fixed
 
 
-def test_overwrite_and_gru_gate_differ(batch: SeqBatch) -> None:
+def test_gates(batch: SeqBatch) -> None:
     m0 = make(**STAGE_2).eval().interests(batch.input_ids, depth=0)
-    # At init the reasoner is the identity, so overwriting keeps M_0; the GRU gate does not.
-    overwrite = make(**STAGE_2, gate="overwrite").eval()
-    gru = make(**STAGE_2, gate="gru").eval()
-    assert gru.gate is not None
-    assert overwrite.gate is None
-    torch.testing.assert_close(overwrite.interests(batch.input_ids, depth=2), m0)
-    assert not torch.allclose(gru.interests(batch.input_ids, depth=2), m0, atol=1e-3)
-    randomise_reasoner(overwrite)
-    gru.reasoner.load_state_dict(overwrite.reasoner.state_dict())
-    assert not torch.allclose(
-        overwrite.interests(batch.input_ids, depth=1), gru.interests(batch.input_ids, depth=1)
-    )
+    models = {gate: make(**STAGE_2, gate=gate).eval() for gate in ("overwrite", "gru", "gru_cell")}
+    assert models["overwrite"].gate is None
+    # While the reasoner is the identity (at init), overwriting and the GRU update gate keep
+    # M_0 at any depth; a GRU cell on normalised states does not.
+    torch.testing.assert_close(models["overwrite"].interests(batch.input_ids, depth=2), m0)
+    torch.testing.assert_close(models["gru"].interests(batch.input_ids, depth=2), m0)
+    assert not torch.allclose(models["gru_cell"].interests(batch.input_ids, depth=1), m0, atol=0.1)
+    weights = randomise_reasoner(models["overwrite"]).reasoner.state_dict()
+    deeper = {}
+    for gate, model in models.items():
+        model.reasoner.load_state_dict(weights)
+        deeper[gate] = model.interests(batch.input_ids, depth=1)
+    assert not torch.allclose(deeper["overwrite"], deeper["gru"], atol=1e-3)
+    assert not torch.allclose(deeper["gru"], deeper["gru_cell"], atol=1e-3)
+
+
+def test_gru_update_gate_by_hand() -> None:
+    gate = make(**STAGE_2).gate
+    assert gate is not None
+    update, state = torch.randn(2, 1, 3, 18), torch.randn(2, 1, 3, 18)
+    ln = torch.nn.functional.layer_norm
+    inputs = torch.cat([ln(update, (18,)), ln(state, (18,))], dim=-1)
+    z = torch.sigmoid(inputs @ gate.update_gate.weight.T + gate.update_gate.bias)
+    torch.testing.assert_close(gate(update, state), z * state + (1 - z) * update)
 
 
 def test_prefix_examples_read_only_their_past(batch: SeqBatch) -> None:
