@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from seqrec.cli import main
-from seqrec.config import experiment_from_raw
+from seqrec.config import ConfigError, experiment_from_raw
 from seqrec.data.prepare import prepare
 from seqrec.io import atomic_path
 from seqrec.models.base import build_model, build_model_config
@@ -270,3 +270,23 @@ def test_failed_checkpoint_save_keeps_the_previous_checkpoint_loadable(tmp_path:
     assert saved["state"]["epoch"] == 1
     assert torch.equal(saved["w"], torch.arange(3.0))
     assert temp_files(tmp_path) == []
+
+
+def test_a_run_started_before_a_new_config_field_resumes(tmp_path: Path) -> None:
+    """A field added to seqrec later is absent from an older config.json; at its default it
+    must not block --resume, while a real change still does."""
+    run = train_isolated(tiny_raw(train={"max_epochs": 1}), tmp_path / "run", tmp_path / "c")
+    saved = json.loads((run / "config.json").read_text())
+    del saved["train"]["init_from"]  # as written before train.init_from existed
+    del saved["model"]["residual"]
+    (run / "config.json").write_text(json.dumps(saved))
+    same = tiny_raw(train={"max_epochs": 1})
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path / "c")
+        from seqrec.training.run import train_experiment
+
+        outcome = train_experiment(experiment_from_raw(same), run, resume=True)
+        assert outcome.fit.epochs == 1
+        changed = tiny_raw(train={"max_epochs": 1, "init_from": str(run)})
+        with pytest.raises(ConfigError, match=r"differs .*\(train\.init_from\)"):
+            train_experiment(experiment_from_raw(changed), run, resume=True)

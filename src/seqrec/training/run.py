@@ -26,6 +26,7 @@ from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import EvalResult, evaluate
 from seqrec.models.base import (
+    MODELS,
     SequentialRecommender,
     build_model,
     build_model_config,
@@ -79,14 +80,38 @@ def _resolved(
 def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, Any]) -> None:
     saved = read_config(run_dir)
     for section in ("data", "model", "train", "eval"):
-        if saved.get(section) != resolved[section]:
-            theirs, ours = saved.get(section) or {}, resolved[section]
-            keys = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        theirs, ours = saved.get(section) or {}, resolved[section]
+        # A field added to seqrec after the run started is absent from its config.json; at its
+        # default it changes nothing, so it is no reason to refuse the resume.
+        defaults = _field_defaults(config, section)
+        keys = sorted(
+            k
+            for k in set(theirs) | set(ours)
+            if theirs.get(k, defaults.get(k, _MISSING)) != ours.get(k)
+        )
+        if keys:
             raise ConfigError(
                 f"--resume: the config differs from the one {run_dir} was started with "
                 f"({', '.join(f'{section}.{k}' for k in keys)}); resume without --config/--set, "
                 "or start a new --out"
             )
+
+
+_MISSING = object()
+
+
+def _field_defaults(config: ExperimentConfig, section: str) -> dict[str, Any]:
+    """Default values of a config section's fields (the model's own config class for
+    ``model``), as they read back from JSON."""
+    if section == "model":
+        cls: Any = MODELS.get(str(config.model.get("name", "sasrec"))).config_class
+    else:
+        cls = type(getattr(config, section))
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
+    }
+    loaded: dict[str, Any] = json.loads(json.dumps(defaults))
+    return loaded
 
 
 def config_for_resume(run_dir: Path) -> ExperimentConfig:
