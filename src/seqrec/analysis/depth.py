@@ -148,18 +148,25 @@ def plot_depth_curve(rows: Sequence[dict[str, Any]], path: Path, title: str) -> 
     import matplotlib.pyplot as plt
 
     depths = [row["depth"] for row in rows]
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    # Left: the metrics with their 95% CIs; right: the change relative to N = 0, where the
+    # effect of depth is visible whatever the metrics' scale.
+    fig, (ax, rel) = plt.subplots(1, 2, figsize=(10.0, 3.6))
     for name, marker in zip(METRICS, "os^", strict=True):
         values = np.array([row[name] for row in rows])
         ci = np.array([row[f"{name}_ci95"] for row in rows])
         ax.plot(depths, values, marker=marker, markersize=4, label=name)
         ax.fill_between(depths, values - ci, values + ci, alpha=0.15)
-    ax.set_xlabel("inference depth N (reasoning steps)")
+        base = values[0] if values[0] > 0 else float("nan")
+        rel.plot(depths, 100.0 * (values / base - 1.0), marker=marker, markersize=4, label=name)
     ax.set_ylabel("test metric (full ranking)")
-    ax.set_xticks(depths)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
+    rel.set_ylabel("change from N = 0 (%)")
+    rel.axhline(0.0, color="grey", linewidth=0.8)
+    for axis in (ax, rel):
+        axis.set_xlabel("inference depth N (reasoning steps)")
+        axis.set_xticks(depths)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)

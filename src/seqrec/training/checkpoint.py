@@ -104,7 +104,9 @@ def load_run(
     run_dir = Path(run_dir)
     raw = read_config(run_dir)
     try:
-        config = experiment_from_raw({k: raw[k] for k in ("data", "train", "eval") if k in raw})
+        config = experiment_from_raw(
+            {k: raw[k] for k in ("data", "train", "eval", "tokenizer") if k in raw}
+        )
         model_config = model_config_from_dict(raw["model"])
     except (ConfigError, KeyError) as err:
         raise RunDirError(f"{run_dir / CONFIG}: {err}") from None
@@ -124,6 +126,10 @@ def load_run(
         raise RunDirError(str(err)) from None
     model.eval()
     config = ExperimentConfig(
-        data=config.data, model=model_config.to_dict(), train=config.train, eval=config.eval
+        data=config.data,
+        model=model_config.to_dict(),
+        train=config.train,
+        eval=config.eval,
+        tokenizer=config.tokenizer,
     )
     return LoadedRun(config=config, resolved=raw, model=model, id_map=id_map)

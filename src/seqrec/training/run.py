@@ -79,7 +79,7 @@ def _resolved(
 
 def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, Any]) -> None:
     saved = read_config(run_dir)
-    for section in ("data", "model", "train", "eval"):
+    for section in ("data", "model", "train", "eval", "tokenizer"):
         theirs, ours = saved.get(section) or {}, resolved[section]
         # A field added to seqrec after the run started is absent from its config.json; at its
         # default it changes nothing, so it is no reason to refuse the resume.
@@ -117,7 +117,9 @@ def _field_defaults(config: ExperimentConfig, section: str) -> dict[str, Any]:
 def config_for_resume(run_dir: Path) -> ExperimentConfig:
     """The experiment config a run directory was started with."""
     raw = read_config(run_dir)
-    config = experiment_from_raw({k: raw[k] for k in ("data", "train", "eval")})
+    config = experiment_from_raw(
+        {k: raw[k] for k in ("data", "train", "eval", "tokenizer") if k in raw}
+    )
     model = {k: v for k, v in raw["model"].items() if k not in ("num_items", "num_users")}
     return dataclasses.replace(config, model=model)
 
