@@ -24,6 +24,10 @@ class BatchNeeds:
     sampling_alpha: float = 1.0  # popularity sampling draws item j with p ~ count_j ** alpha
     log_q: bool = False  # attach log sampling probabilities for logQ correction
     same_target_sequences: bool = False  # DuoRec: another history with the same next item
+    # One example per training position (every prefix of every sequence, its next item the
+    # only label) instead of one row per user with a label at every position: models that
+    # predict only after the whole history (TIGER's encoder-decoder).
+    prefix_examples: bool = False
 
 
 @dataclass(frozen=True)

@@ -142,3 +142,27 @@ def test_same_target_avoids_the_row_itself_when_it_can() -> None:
 
     assert positives(3) == {(1,), (3, 1), (4,)}
     assert positives(4) == {(4, 2)}
+
+
+def test_prefix_examples_are_every_training_position_once() -> None:
+    batches = make(BatchNeeds(prefix_examples=True), max_seq_len=3, batch_size=4)
+    examples = []
+    for batch in batches.epoch(np.random.default_rng(5)):
+        assert batch.labels is not None
+        assert batch.users is not None
+        assert (batch.labels[:, :-1] == PAD_ID).all()  # the label is only in the last column
+        for history, label, user in zip(
+            batch.input_ids.tolist(),
+            batch.labels[:, -1].tolist(),
+            batch.users.tolist(),
+            strict=True,
+        ):
+            examples.append((user - 10, tuple(i for i in history if i != PAD_ID), label))
+    expected = [
+        (row, tuple(items[max(0, t - 3) : t]), items[t])
+        for row, items in enumerate(ROWS)
+        for t in range(1, len(items))
+    ]
+    assert sorted(examples) == sorted(expected)
+    assert batches.num_targets == len(expected) == len(examples)
+    assert len(batches) == -(-len(expected) // 4)

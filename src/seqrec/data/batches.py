@@ -156,6 +156,10 @@ class TrainBatches:
     to its own longest sequence) and shuffles the batch order. ``needs`` says what else a
     batch carries: negatives (uniform or popularity-sampled, per position or per row), the
     log sampling probabilities for logQ correction, and same-target histories.
+
+    With ``needs.prefix_examples`` an example is one training position instead of one user:
+    the (up to max_seq_len) items before it as input and its item as the only label, in the
+    last column.
     """
 
     sequences: Sequences
@@ -166,8 +170,13 @@ class TrainBatches:
     needs: BatchNeeds = field(default_factory=BatchNeeds)
 
     def __post_init__(self) -> None:
-        self._rows = np.flatnonzero(self.sequences.lengths >= 2)
         needs = self.needs
+        self._rows = np.flatnonzero(self.sequences.lengths >= 2)
+        self._row_of = np.repeat(np.arange(len(self.sequences.lengths)), self.sequences.lengths)
+        if needs.prefix_examples:  # an example is the index in ``items`` of its target
+            first = np.zeros(len(self.sequences.items), dtype=bool)
+            first[self.sequences.offsets[:-1][self.sequences.lengths > 0]] = True
+            self._rows = np.flatnonzero(~first)
         counts = target_counts(self.sequences, self.num_items)
         self._seen = SeenIndex(self.sequences, self.num_items) if needs.num_negatives else None
         self._draw = uniform_items(self.num_items)
@@ -195,13 +204,19 @@ class TrainBatches:
     @property
     def num_targets(self) -> int:
         """Positions with a loss per epoch (the paper's unit of an epoch)."""
+        if self.needs.prefix_examples:
+            return len(self._rows)
         return int(np.minimum(self.sequences.lengths[self._rows] - 1, self.max_seq_len).sum())
 
     def epoch(self, rng: np.random.Generator) -> Iterator[SeqBatch]:
         order = rng.permutation(self._rows)
         bucket = self.batch_size * _BUCKET_BATCHES
-        lengths = self.sequences.lengths
         batches: list[IntArray] = []
+        if self.needs.prefix_examples:  # history length of each example (its target index)
+            lengths = np.zeros(len(self.sequences.items), dtype=np.int64)
+            lengths[self._rows] = self._rows - self.sequences.offsets[self._row_of[self._rows]]
+        else:
+            lengths = self.sequences.lengths
         for start in range(0, len(order), bucket):
             chunk = order[start : start + bucket]
             chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
@@ -210,6 +225,8 @@ class TrainBatches:
             yield self.batch(batches[index], rng)
 
     def batch(self, rows: IntArray, rng: np.random.Generator) -> SeqBatch:
+        if self.needs.prefix_examples:
+            return self._prefix_batch(rows, rng)
         index, real = window(self.sequences, rows, self.max_seq_len, drop_last=1)
         items = self.sequences.items
         inputs = np.where(real, items[index], PAD_ID).astype(np.int64)  # (B, L)
@@ -220,7 +237,24 @@ class TrainBatches:
             negatives=self._negatives(rows, real, rng),
             users=torch.from_numpy(self.users[rows].astype(np.int64)),
             log_q=self._log_q,
-            same_target_ids=self._same_target_histories(rows, rng),
+            same_target_ids=self._same_target_histories(self.sequences.offsets[rows + 1] - 1, rng),
+        )
+
+    def _prefix_batch(self, targets: IntArray, rng: np.random.Generator) -> SeqBatch:
+        """Examples given by the index in ``items`` of their target."""
+        rows = self._row_of[targets]
+        index, real = window_between(self.sequences.offsets[rows], targets, self.max_seq_len)
+        items = self.sequences.items
+        inputs = np.where(real, items[index], PAD_ID).astype(np.int64)  # (B, L)
+        labels = np.zeros_like(inputs)
+        labels[:, -1] = items[targets]
+        return SeqBatch(
+            input_ids=torch.from_numpy(inputs),
+            labels=torch.from_numpy(labels),
+            negatives=self._negatives(rows, labels != PAD_ID, rng),
+            users=torch.from_numpy(self.users[rows].astype(np.int64)),
+            log_q=self._log_q,
+            same_target_ids=self._same_target_histories(targets, rng),
         )
 
     def _negatives(
@@ -239,12 +273,12 @@ class TrainBatches:
         return torch.from_numpy(np.where(real[..., None], neg, PAD_ID))  # (B, L, S)
 
     def _same_target_histories(
-        self, rows: IntArray, rng: np.random.Generator
+        self, last: IntArray, rng: np.random.Generator
     ) -> torch.Tensor | None:
-        """(B, L') for each row, another history whose next item is the row's last target."""
+        """(B, L') for each target occurrence ``last`` (its index in ``items``), another
+        training history followed by the same item."""
         if self._same_target is None:
             return None
-        last = self.sequences.offsets[rows + 1] - 1  # index of each row's last target
         targets = self.sequences.items[last].astype(np.int64)
         occurrence = self._same_target.sample(targets, last, rng)
         starts, ends = self._same_target.prefix_bounds(occurrence)
