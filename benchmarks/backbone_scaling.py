@@ -13,10 +13,10 @@ histories, for each history length:
   from the model and the inputs. CUDA: ``torch.cuda.max_memory_allocated`` over the
   allocation before the first step.
 
-It also prints the fast selective scan against the sequential reference (forward +
-backward, d_inner 128, N 32), the fast scan's forward against a log-depth (Hillis-Steele)
-variant of its blocks, Mamba4Rec's incremental ``step`` against re-encoding a 200-item
-history, and the Mamba block alone at batch 128 x length 200 (d 64, N 32).
+It also prints the chunked ("fast") selective scan against the sequential reference
+(forward + backward, and the fast forward alone; d_inner 128, N 32, with the fast path's
+chunk plan), Mamba4Rec's incremental ``step`` against re-encoding a 200-item history, and
+the Mamba block alone at batch 128 x length 200 (d 64, N 32).
 
 Timings are medians; on a shared machine they move with the other load.
 
@@ -117,33 +117,10 @@ def measure_model(
     }
 
 
-def _log_depth_forward(u: Any, delta: Any, A: Any, B: Any, C: Any, block: int) -> Any:
-    """The fast scan's forward with a Hillis-Steele scan inside each block instead of one
-    multiply-add per step (kept here only to measure the design choice)."""
-    import torch
-
-    ut, dt = u.permute(2, 0, 1), delta.permute(2, 0, 1)
-    Bt, Ct = B.permute(2, 0, 1), C.permute(2, 0, 1)
-    state = u.new_zeros(u.size(0), u.size(1), A.size(1))
-    ys = []
-    for s in range(0, u.size(-1), block):
-        a = torch.exp(dt[s : s + block, ..., None] * A)  # (T, B, D, N)
-        h = (dt * ut)[s : s + block, ..., None] * Bt[s : s + block, :, None, :]
-        h[0] += a[0] * state
-        step = 1
-        while step < h.size(0):  # log2(T) passes over the block
-            h = torch.cat([h[:step], torch.addcmul(h[step:], a[step:], h[:-step])])
-            a = torch.cat([a[:step], a[step:] * a[:-step]])
-            step *= 2
-        state = h[-1]
-        ys.append(torch.einsum("tbdn,tbn->tbd", h, Ct[s : s + block]))
-    return torch.cat(ys).permute(1, 2, 0)
-
-
 def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> dict[str, Any]:
     import torch
 
-    from seqrec.nn.selective_scan import selective_scan_fast, selective_scan_reference
+    from seqrec.nn.selective_scan import _chunk_plan, selective_scan_fast, selective_scan_reference
 
     g = torch.Generator().manual_seed(0)
     channels, state = 2 * HIDDEN, 32
@@ -158,14 +135,11 @@ def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> 
     def run(scan: Callable[..., Any]) -> Callable[[], None]:
         return lambda: scan(*args)[0].sum().backward()
 
-    row: dict[str, Any] = {"length": length, "batch_size": batch_size}
+    steps, rows = _chunk_plan(u, state, None, None)
+    row: dict[str, Any] = {"length": length, "batch_size": batch_size, "chunk": [steps, rows]}
     row["fast_s"] = timed(run(selective_scan_fast), repeats)
     with torch.no_grad():
         row["fast_forward_s"] = timed(lambda: selective_scan_fast(*args), repeats)
-        block = max(1, min(length, (1 << 21) // (batch_size * channels * state)))
-        row["log_depth_forward_s"] = timed(
-            lambda: _log_depth_forward(u, delta, A, B, C, block), repeats
-        )
     if length <= reference_max:
         row["reference_s"] = timed(run(selective_scan_reference), 1)
         row["speedup"] = row["reference_s"] / row["fast_s"]
@@ -334,8 +308,8 @@ def main() -> None:
             f"{r['one_user_latency_ms']:>10.2f} {r['train_peak_mib']:>9.0f}",
         )
     print(f"\nSelective scan, forward + backward, batch {args.batch_size}, d_inner 128, N 32")
-    header = ("length", "fast s", "reference s", "speedup", "fwd fast s", "fwd log-depth s")
-    print("{:>6} {:>8} {:>12} {:>8} {:>11} {:>16}".format(*header))
+    header = ("length", "fast s", "reference s", "speedup", "fwd fast s", "steps x rows")
+    print("{:>6} {:>8} {:>12} {:>8} {:>11} {:>13}".format(*header))
     for r in scans:
         if "reference_s" in r:
             ref = f"{r['reference_s']:>12.3f} {r['speedup']:>7.1f}x"
@@ -343,7 +317,7 @@ def main() -> None:
             ref = f"{'skipped':>12} {'':>8}"
         print(
             f"{r['length']:>6} {r['fast_s']:>8.3f} {ref}",
-            f"{r['fast_forward_s']:>11.3f} {r['log_depth_forward_s']:>16.3f}",
+            f"{r['fast_forward_s']:>11.3f} {'{} x {}'.format(*r['chunk']):>13}",
         )
     print("\nMamba4Rec serving: one new item after a 200-item history")
     for r in incremental:

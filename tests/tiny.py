@@ -6,6 +6,18 @@ B, L, S, NUM_ITEMS, NUM_USERS = 3, 7, 5, 37, 4
 
 BASE = {"num_items": NUM_ITEMS, "num_users": NUM_USERS, "max_seq_len": L}
 
+TINY_TIGER = {  # 4 * 5 * 2 = 40 code paths for 37 items
+    "codebook_sizes": (4, 5, 2),
+    "hidden_size": 18,
+    "num_heads": 2,
+    "head_size": 7,
+    "ffn_size": 29,
+    "num_encoder_layers": 2,
+    "num_decoder_layers": 2,
+    "user_buckets": 3,
+    "beam_size": 6,
+}
+
 TINY_CONFIGS: dict[str, dict[str, object]] = {  # one line per registered model
     "bert4rec": {**BASE, "hidden_size": 18, "num_heads": 2, "ffn_size": 29, "mask_prob": 0.6},
     "bpr": {**BASE, "hidden_size": 18, "num_negatives": S},
@@ -21,7 +33,9 @@ TINY_CONFIGS: dict[str, dict[str, object]] = {  # one line per registered model
     "rearec": {**BASE, "hidden_size": 18, "num_heads": 2, "dropout": 0.1, "reasoning_steps": 2},
     "recrec": {**BASE, "hidden_size": 18, "num_heads": 2, "num_interests": 3, "ffn_size": 29},
     "sasrec": {**BASE, "hidden_size": 18, "num_heads": 2, "num_negatives": S, "dropout": 0.1},
+    "tiger": {**BASE, **TINY_TIGER},
     "transrec": {**BASE, "hidden_size": 18, "num_negatives": S},
+    "trierec": {**BASE, **TINY_TIGER},
 }
 
 # The dataset registry the foundation issue asks for (`seqrec data list`).

@@ -151,6 +151,24 @@ def _inference_settings(overrides: list[str] | None) -> dict[str, Any]:
     return settings
 
 
+# ---------------------------------------------------------------- tokenize
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from seqrec.data.prepare import prepare
+    from seqrec.tokenizers import TOKENIZER_FILE, format_report
+    from seqrec.training.semantic_ids import fit_semantic_ids
+
+    config = experiment_from_raw(load_raw(args.config, args.set or []))
+    data = prepare(config.data, args.data_dir)
+    ids, tokenizer = fit_semantic_ids(config.tokenizer, data, args.data_dir)
+    out = Path(args.out)
+    ids.save(out)
+    tokenizer.save(out / TOKENIZER_FILE)
+    print(f"dataset: {data.name} ({data.source}); tokenizer: {config.tokenizer.method}")
+    print(format_report(ids.report()))
+    print(f"semantic IDs written to {out}")
+    return 0
+
+
 # ---------------------------------------------------------------- recommend
 def _read_histories(path: Path) -> list[list[str]]:
     if not path.is_file():
@@ -400,6 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
     _inference_flag(p)
     _common_data(p)
     p.set_defaults(handler=cmd_evaluate)
+
+    p = sub.add_parser(
+        "tokenize", help="fit a semantic-ID tokeniser (tokenizer section) and write the codes"
+    )
+    _config_flags(p, required=False)
+    p.add_argument("--out", required=True, help="folder for semantic_ids.* and tokenizer.pt")
+    _common_data(p)
+    p.set_defaults(handler=cmd_tokenize)
 
     p = sub.add_parser("recommend", help="top-k items for histories of original item ids")
     p.add_argument("run_dir")

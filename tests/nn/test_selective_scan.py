@@ -1,5 +1,6 @@
-"""The fast selective scan and the CUDA kernel against the sequential reference: values and
-gradients, odd sizes, block and chunk boundaries, left padding, extreme decays, dispatch."""
+"""The chunked selective scan and the CUDA kernel against the sequential reference: values
+and gradients, odd sizes, chunk and group boundaries, left padding, extreme decays, float64,
+dispatch."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from seqrec.nn.selective_scan import (
 
 # float32 fast path against a float64 reference, relative to the largest magnitude.
 RTOL, ATOL = 1e-4, 1e-5
+# float64 against float64: the two differ only in the order of the additions.
+RTOL64, ATOL64 = 1e-12, 1e-12
 
 
 def inputs(
@@ -52,37 +55,78 @@ def values_and_grads(scan: object, args: list[Tensor], seed: int = 1, **kw: obje
     return [y, last, *grads]
 
 
-def assert_close_scaled(actual: Tensor, expected: Tensor, name: str) -> None:
+def assert_close_scaled(
+    actual: Tensor, expected: Tensor, name: str, rtol: float = RTOL, atol: float = ATOL
+) -> None:
     scale = expected.abs().max().item() or 1.0
     torch.testing.assert_close(
-        actual.double() / scale, expected.double() / scale, rtol=RTOL, atol=ATOL, msg=name
+        actual.double() / scale, expected.double() / scale, rtol=rtol, atol=atol, msg=name
     )
+
+
+def float32(args: list[Tensor]) -> list[Tensor]:
+    return [t.detach().float().requires_grad_() for t in args]
 
 
 NAMES = ["y", "last_state", "du", "ddelta", "dA", "dB", "dC", "dD"]
 
 
 @pytest.mark.parametrize(
-    ("batch", "channels", "length", "state", "block", "chunk"),
+    ("batch", "channels", "length", "state", "chunk", "group"),
     [
         (1, 3, 1, 1, None, None),  # a single step
-        (3, 5, 7, 5, 2, 4),  # last block and last chunk partial
-        (5, 4, 33, 16, 3, 9),
-        (3, 6, 65, 5, 4, 8),
-        (1, 2, 65, 1, 1, 1),  # one step per block and per chunk
-        (3, 4, 200, 16, None, None),  # the default budgets: one block
-        (3, 4, 200, 5, 7, 49),
+        (3, 5, 7, 5, 2, 2),  # last chunk and last group partial
+        (5, 4, 33, 16, 3, 2),
+        (3, 6, 33, 5, 4, 1),  # 33 = 8 * 4 + 1: a last chunk of one step
+        (2, 3, 37, 4, 37, 2),  # one chunk of odd length
+        (3, 6, 65, 5, 16, 3),
+        (1, 2, 65, 1, 1, 1),  # one step per chunk
+        (3, 4, 200, 16, None, None),  # the default plan
+        (4, 4, 200, 5, 7, 3),
     ],
 )
 def test_fast_matches_reference(
-    batch: int, channels: int, length: int, state: int, block: int | None, chunk: int | None
+    batch: int, channels: int, length: int, state: int, chunk: int | None, group: int | None
 ) -> None:
     args = inputs(batch, channels, length, state)
     expected = values_and_grads(selective_scan_reference, args)
-    actual = values_and_grads(selective_scan_fast, args, block_size=block, chunk_size=chunk)
+    actual = values_and_grads(
+        selective_scan_fast, float32(args), chunk_size=chunk, group_size=group
+    )
     for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert a.dtype == torch.float32, name
         assert a.shape == e.shape, name
         assert_close_scaled(a, e, name)
+
+
+@pytest.mark.parametrize(("length", "chunk"), [(1, None), (7, 3), (33, 8), (50, 64), (61, 16)])
+def test_fast_in_float64_matches_tightly(length: int, chunk: int | None) -> None:
+    """float64 in, float64 all the way: agreement to rounding, so no approximation hides."""
+    args = inputs(3, 5, length, 6, seed=7)
+    expected = values_and_grads(selective_scan_reference, args)
+    actual = values_and_grads(selective_scan_fast, args, chunk_size=chunk, group_size=2)
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert a.dtype == torch.float64, name
+        assert_close_scaled(a, e, name, rtol=RTOL64, atol=ATOL64)
+
+
+@pytest.mark.parametrize("length", range(1, 18))
+def test_parallel_scans_are_the_recurrences(length: int) -> None:
+    """The in-place Blelloch scans against the loops they replace, every length to 17."""
+    g = torch.Generator().manual_seed(length)
+    links = torch.rand(length - 1, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(length, 3, generator=g, dtype=torch.float64)
+    scratch = torch.empty(length, 3, dtype=torch.float64)
+    forward, backward = x.clone(), x.clone()
+    scan_module._scan_(links, forward, scratch)
+    scan_module._reverse_scan_(links, backward, scratch)
+    expected_forward, expected_backward = x.clone(), x.clone()
+    for t in range(1, length):
+        expected_forward[t] += links[t - 1] * expected_forward[t - 1]
+    for t in range(length - 2, -1, -1):
+        expected_backward[t] += links[t] * expected_backward[t + 1]
+    torch.testing.assert_close(forward, expected_forward, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(backward, expected_backward, rtol=1e-14, atol=1e-14)
 
 
 def test_reference_is_the_recurrence_by_hand() -> None:
@@ -107,7 +151,7 @@ def test_left_padding_with_zero_delta_and_input_is_invisible() -> None:
     u, delta, A, B, C, D = args
     real = (torch.arange(length) >= pad[:, None]).float()[:, None, :]  # (B, 1, L)
     B = B * torch.randn(batch, 1, length)  # garbage B, C at padded positions must not matter
-    fast = functools.partial(selective_scan_fast, block_size=4, chunk_size=8)
+    fast = functools.partial(selective_scan_fast, chunk_size=4, group_size=2)
     for scan in (selective_scan_reference, fast):
         y, last = scan(u * real, delta * real, A, B, C, D, return_last_state=True)
         for row in range(batch):
@@ -125,12 +169,25 @@ def test_left_padding_with_zero_delta_and_input_is_invisible() -> None:
             torch.testing.assert_close(last[row : row + 1], alone_last, rtol=1e-5, atol=1e-5)
 
 
+def test_left_padded_gradients_match_reference() -> None:
+    """Mamba4Rec's padding (x = 0 and Delta = 0 before a row's first item, garbage B and C
+    there): values and gradients as the reference's, across chunk and group boundaries."""
+    batch, length, pad = 3, 23, torch.tensor([0, 5, 17])
+    real = (torch.arange(length) >= pad[:, None]).double()[:, None, :]  # (B, 1, L)
+    u, delta, A, B, C, D = (t.detach() for t in inputs(batch, 4, length, 5, seed=11))
+    args = [t.requires_grad_() for t in (u * real, delta * real, A, B, C, D)]
+    expected = values_and_grads(selective_scan_reference, args)
+    actual = values_and_grads(selective_scan_fast, float32(args), chunk_size=4, group_size=2)
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert_close_scaled(a, e, name)
+
+
 @pytest.mark.parametrize("dt_scale", [1e-4, 30.0])
 def test_extreme_decays_stay_finite_and_match(dt_scale: float) -> None:
     """Delta A down to about -500 per step (exp underflows to 0) and near 0 (no decay)."""
     args = inputs(3, 4, 41, 16, seed=3, dt_scale=dt_scale)
     expected = values_and_grads(selective_scan_reference, args)
-    actual = values_and_grads(selective_scan_fast, args, block_size=5, chunk_size=10)
+    actual = values_and_grads(selective_scan_fast, float32(args), chunk_size=5, group_size=2)
     for name, a, e in zip(NAMES, actual, expected, strict=True):
         assert torch.isfinite(a).all(), name
         assert_close_scaled(a, e, name)
@@ -146,10 +203,20 @@ def test_fast_keeps_the_input_dtype_and_skips_d() -> None:
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_chunk_must_be_a_multiple_of_the_block() -> None:
+@pytest.mark.parametrize("name", ["chunk_size", "group_size"])
+def test_chunk_and_group_sizes_must_be_positive(name: str) -> None:
     args = [t.detach().float() for t in inputs(1, 2, 9, 3)]
-    with pytest.raises(ValueError, match="multiple of block_size"):
-        selective_scan_fast(*args, block_size=2, chunk_size=3)
+    with pytest.raises(ValueError, match=f"{name} must be >= 1"):
+        selective_scan_fast(*args, **{name: 0})
+
+
+def test_default_plan_keeps_chunks_to_the_budget() -> None:
+    """Training sizes: chunks of a few steps over groups of rows; one user: one chunk."""
+    u = torch.empty(64, 128, 200)
+    steps, rows = scan_module._chunk_plan(u, 32, None, None)
+    assert steps >= scan_module._MIN_STEPS
+    assert steps * rows * 128 * 32 <= scan_module._CHUNK_ELEMENTS["cpu"]
+    assert scan_module._chunk_plan(torch.empty(1, 128, 200), 32, None, None) == (128, 1)
 
 
 def test_every_implementation_has_an_entry() -> None:

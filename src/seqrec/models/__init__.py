@@ -15,7 +15,9 @@ from seqrec.models import (
     rearec,
     recrec,
     sasrec,
+    tiger,
     transrec,
+    trierec,
 )
 from seqrec.models.base import (
     MODELS,
@@ -47,5 +49,7 @@ __all__ = [
     "rearec",
     "recrec",
     "sasrec",
+    "tiger",
     "transrec",
+    "trierec",
 ]

@@ -27,6 +27,9 @@ class ModelConfig:
     # Fields that may differ from the config of the run a model is warm-started from
     # (``train.init_from``); every other field must be equal (``warm_start_conflicts``).
     warm_start_free: ClassVar[tuple[str, ...]] = ()
+    # Generative models whose items are semantic IDs: training fits (or loads) them from the
+    # experiment's tokenizer section and hands them to ``set_semantic_ids``.
+    uses_semantic_ids: ClassVar[bool] = False
     num_items: int  # catalogue size N; item ids are 1..N, 0 is padding
     num_users: int = 0  # users in the training data (models with a user embedding)
     max_seq_len: int = 50  # histories are truncated to their most recent max_seq_len items
@@ -74,6 +77,10 @@ class SequentialRecommender(nn.Module, ABC):
     def uses_users(self) -> bool:
         """True when the model needs ``users`` (a user embedding) at train and inference time."""
         return False
+
+    def set_semantic_ids(self, codes: Tensor) -> None:
+        """(N + 1, M) item code paths, for models whose config ``uses_semantic_ids``."""
+        raise TypeError(f"{self.config.name} does not use semantic IDs")
 
 
 class ScoringRecommender(SequentialRecommender):

@@ -1,5 +1,6 @@
-"""The selective scan of Mamba (S6), three ways: a readable reference, a fast CPU path and
-the ``mamba-ssm`` CUDA kernel, all with the same signature.
+"""The selective scan of Mamba (S6), three ways: a readable reference, a chunked parallel
+scan in plain PyTorch for any device and the ``mamba-ssm`` CUDA kernel, all with the same
+signature.
 
 For every channel d and state index n, with the simplified discretisation of Mamba's
 reference code (B_bar = Delta B rather than the zero-order hold):
@@ -38,11 +39,16 @@ ScanResult = tuple[Tensor, Tensor | None]
 
 INSTALL_HINT = "pip install 'seqrec[mamba]'"
 
-# Working-set budgets of the fast path, in float32 elements: a block of steps is processed
-# by whole-block tensor operations (about 8 MB, so it stays in the L3 cache), and the state
-# is kept for the backward pass once per chunk (the backward recomputes a chunk's states).
-_BLOCK_ELEMENTS = 1 << 21
-_CHUNK_ELEMENTS = 1 << 23
+# Chunk plan of the fast path. A chunk's (steps, rows, D, N) tensors hold about
+# _CHUNK_ELEMENTS elements (2 MB in float32 on CPU, so the dozen passes over a chunk mostly
+# hit the cache; on a GPU, fewer and larger chunks mean fewer kernel launches). Steps per
+# chunk are at least _MIN_STEPS: the parallel scan costs about 1.25 multiply-adds per step
+# in chunks of 4 steps, 1.9 in chunks of 8 and 2.3 in chunks of 16, against 1 for a
+# sequential loop, and on a CPU that work, not the Python loop over chunks, is what costs.
+_CHUNK_ELEMENTS = {"cpu": 1 << 19}
+_CHUNK_ELEMENTS_OTHER = 1 << 26
+_MIN_STEPS = 4
+_MAX_STEPS = 1024
 
 
 def selective_scan_reference(
@@ -84,86 +90,133 @@ def selective_scan_fast(
     D: Tensor | None = None,
     *,
     return_last_state: bool = False,
-    block_size: int | None = None,
     chunk_size: int | None = None,
+    group_size: int | None = None,
 ) -> ScanResult:
-    """Same values and gradients as ``selective_scan_reference``, many times faster on CPU.
+    """Same values and gradients as ``selective_scan_reference``, with no Python loop over
+    time steps.
 
-    The sequence is cut into blocks of ``block_size`` steps. Everything that does not
-    depend on the previous state (the decays exp(Delta A), the drives Delta B x, the
-    outputs C h and all the gradient contractions) is one tensor operation per block; the
-    recurrence itself is one fused multiply-add per step on a (B, D, N) slice. A custom
-    backward pass runs the adjoint recurrence the same way, recomputing each chunk of
-    ``chunk_size`` steps from the state saved at its start, so the (B, D, L, N) tensor of
-    states is never kept.
+    The batch is cut into groups of ``group_size`` rows and the sequence into chunks of
+    ``chunk_size`` steps; a Python loop visits the chunks in order, carrying the state from
+    one to the next (O(length / chunk_size) iterations per group). Inside a chunk every
+    step is computed at once: the decays exp(Delta A) and drives Delta B x are one tensor
+    operation each, and the linear recurrence h_t = a_t h_{t-1} + b_t is a work-efficient
+    (Blelloch) parallel scan along time: three tensor operations on strided views per level,
+    log2(chunk_size) levels, in place. A custom backward pass recomputes each chunk's states
+    from the state saved at its start and runs the adjoint recurrence the same way, so the
+    (B, D, L, N) tensor of states is never kept.
 
-    Why one multiply-add per step rather than a log-depth scan inside a block: on a CPU the
-    B * D * N lanes of one step already fill the vector units, and memory traffic is what
-    costs. A Hillis-Steele scan reads and writes a block log2(block) times; its forward pass
-    alone measured 2-7x slower than this one (benchmarks/backbone_scaling.py prints both).
-    A closed form from cumulative sums of Delta A needs exp(-cumsum), which overflows, or
-    exp of pairwise differences, a tensor block times larger. The Python loop costs a few
-    microseconds a step, against hundreds of microseconds of work per step at training
-    sizes; at batch 1 it is most of the (small) cost.
+    Why chunks of only a few steps by default on a CPU: a parallel scan does more
+    multiply-adds than the sequential recurrence (see ``_MIN_STEPS``), and at training
+    sizes each step is already B * D * N lanes of vector work, so the extra work costs more
+    than the Python loop it removes; at batch 1 a whole history is one chunk.
 
-    Every factor stays in range: decays are exp of non-positive numbers, never divided by.
-    ``block_size`` and ``chunk_size`` (a multiple of it) default to fixed memory budgets;
-    tests set them small to exercise the boundaries.
+    Every factor stays in range: decays and products of decays are exp of non-positive
+    numbers (they may underflow to 0, never overflow) and are never divided by, unlike a
+    closed form through exp(-cumsum(Delta A)). ``chunk_size`` and ``group_size`` default to
+    a fixed memory budget per chunk; tests set them small to exercise the boundaries.
     """
-    batch, channels, length = u.shape
-    per_step = batch * channels * A.size(1)
-    block = block_size or max(1, min(length, _BLOCK_ELEMENTS // per_step))
-    chunk = chunk_size or max(block, _CHUNK_ELEMENTS // per_step // block * block)
-    if block < 1 or chunk % block != 0:
-        raise ValueError(f"chunk_size {chunk} must be a positive multiple of block_size {block}")
-    skip = D.float() if D is not None else u.new_zeros(channels, dtype=torch.float32)
-    y, last = _FastScan.apply(  # type: ignore[no-untyped-call]
-        u.float(), delta.float(), A.float(), B.float(), C.float(), skip, block, chunk
+    for name, value in (("chunk_size", chunk_size), ("group_size", group_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1 (or None for the default), got {value}")
+    steps, rows = _chunk_plan(u, A.size(1), chunk_size, group_size)
+    work = torch.promote_types(u.dtype, torch.float32)  # float64 stays float64
+    skip = D if D is not None else u.new_zeros(u.size(1))
+    y, last = _ChunkedScan.apply(  # type: ignore[no-untyped-call]
+        *(t.to(work) for t in (u, delta, A, B, C, skip)), steps, rows
     )
     return y.to(u.dtype), (last if return_last_state else None)
 
 
-def _outer(x: Tensor, y: Tensor, out: Tensor) -> None:
-    """out[t, b] = x[t, b] (outer) y[t, b]: (T, B, D) and (T, B, N) into (T, B, D, N)."""
-    T, B, D = x.shape
-    torch.bmm(x.reshape(T * B, D, 1), y.reshape(T * B, 1, -1), out=out.view(T * B, D, -1))
+def _chunk_plan(
+    u: Tensor, state: int, chunk_size: int | None, group_size: int | None
+) -> tuple[int, int]:
+    """Steps per chunk and rows per group: the given ones, else the budget's."""
+    batch, channels, length = u.shape
+    budget = _CHUNK_ELEMENTS.get(u.device.type, _CHUNK_ELEMENTS_OTHER)
+    lanes = channels * state  # state elements per row and step
+    steps = chunk_size or min(length, _MAX_STEPS, max(_MIN_STEPS, budget // (batch * lanes)))
+    rows = group_size or min(batch, max(1, budget // (steps * lanes)))
+    return steps, rows
+
+
+def _scan_(links: Tensor, h: Tensor, scratch: Tensor) -> None:
+    """In place along dim 0: h_t <- links_{t-1} * h_{t-1} + h_t for t >= 1.
+
+    Blelloch's scan: pair each odd step with the step before it (one multiply-add on half
+    the steps), scan the pairs recursively, then finish the even steps from their scanned
+    predecessors. Each level is a few operations on strided views, so the recursion depth,
+    not the length, is the number of Python calls. ``links`` is not modified; the decays
+    between pairs go to ``scratch`` (at least len(h) // 2 rows shaped like ``h``).
+    """
+    length = h.size(0)
+    if length < 2:
+        return
+    pairs = length // 2
+    h[1 : 2 * pairs : 2].addcmul_(links[0 : 2 * pairs - 1 : 2], h[0 : 2 * pairs - 1 : 2])
+    # From odd step 2k-1 to 2k+1 the decay is links_{2k} * links_{2k-1}.
+    paired = torch.mul(
+        links[2 : 2 * pairs - 1 : 2], links[1 : 2 * pairs - 2 : 2], out=scratch[: pairs - 1]
+    )
+    _scan_(paired, h[1 : 2 * pairs : 2], scratch[pairs - 1 :])
+    h[2::2].addcmul_(links[1 : length - 1 : 2], h[1 : length - 1 : 2])
+
+
+def _reverse_scan_(links: Tensor, g: Tensor, scratch: Tensor) -> None:
+    """In place along dim 0, the adjoint of ``_scan_``: g_t <- g_t + links_t * g_{t+1} for
+    t < L - 1, the same pairing mirrored (pairs counted from the end)."""
+    length = g.size(0)
+    if length < 2:
+        return
+    pairs = length // 2
+    odd = length - 2 * pairs  # 1: step 0 is left out of the pairs
+    g[odd : length - 1 : 2].addcmul_(links[odd : length - 1 : 2], g[odd + 1 : length : 2])
+    paired = torch.mul(
+        links[odd : length - 3 : 2], links[odd + 1 : length - 2 : 2], out=scratch[: pairs - 1]
+    )
+    _reverse_scan_(paired, g[odd : length - 1 : 2], scratch[pairs - 1 :])
+    g[1 - odd : length - 2 : 2].addcmul_(
+        links[1 - odd : length - 2 : 2], g[2 - odd : length - 1 : 2]
+    )
+
+
+def _chunk_states_(
+    dt: Tensor, dx: Tensor, A: Tensor, Bc: Tensor, start: Tensor, out: Tensor
+) -> None:
+    """One chunk's decays exp(Delta_t A) and states h_t, into ``out`` (3, T, R, D, N): decays,
+    states and scratch, from Delta and Delta x (T, R, D), B (T, R, N) and the state before
+    the chunk (R, D, N)."""
+    decay, h, scratch = out
+    torch.mul(dt[..., None], A, out=decay).exp_()
+    torch.mul(dx[..., None], Bc[:, :, None, :], out=h)  # the drives Delta_t B_t x_t
+    h[0].addcmul_(decay[0], start)
+    _scan_(decay[1:], h, scratch)
 
 
 def _sum_over_state(v: Tensor, x: Tensor, out: Tensor) -> None:
-    """out[t, b, d] = sum_n v[t, b, n] x[t, b, d, n]: (T, B, N), (T, B, D, N) -> (T, B, D).
+    """out[t, r, d] = sum_n v[t, r, n] x[t, r, d, n]: (T, R, N), (T, R, D, N) -> (T, R, D).
 
     As a row vector times x transposed, which BLAS does about 2.5x faster than the
     matrix-vector product x v with its length-N inner products.
     """
-    T, B, D, N = x.shape
-    torch.bmm(
-        v.reshape(T * B, 1, N), x.view(T * B, D, N).transpose(1, 2), out=out.view(T * B, 1, D)
-    )
+    T, R, D, N = x.shape
+    torch.bmm(v.view(T * R, 1, N), x.view(T * R, D, N).transpose(1, 2), out=out.view(T * R, 1, D))
 
 
 def _sum_over_channels(v: Tensor, x: Tensor, out: Tensor) -> None:
-    """out[t, b, n] = sum_d v[t, b, d] x[t, b, d, n]: (T, B, D), (T, B, D, N) -> (T, B, N)."""
-    T, B, D, N = x.shape
-    torch.bmm(v.reshape(T * B, 1, D), x.view(T * B, D, N), out=out.view(T * B, 1, N))
+    """out[t, r, n] = sum_d v[t, r, d] x[t, r, d, n]: (T, R, D), (T, R, D, N) -> (T, R, N)."""
+    T, R, D, N = x.shape
+    torch.bmm(v.view(T * R, 1, D), x.view(T * R, D, N), out=out.view(T * R, 1, N))
 
 
-def _scan_(decay: Tensor, h: Tensor, start: Tensor) -> None:
-    """In place along dim 0: h_t <- decay_t * h_{t-1} + h_t, with h_{-1} = ``start``."""
-    prev = start
-    for a, h_t in zip(decay.unbind(0), h.unbind(0), strict=True):  # views: one call per step
-        prev = h_t.addcmul_(a, prev)
+def _chunks(length: int, steps: int) -> list[tuple[int, int]]:
+    """(first step, end step) of each chunk."""
+    return [(s, min(s + steps, length)) for s in range(0, length, steps)]
 
 
-def _reverse_scan_(decay: Tensor, lam: Tensor, carry: Tensor) -> None:
-    """In place, the adjoint: lam_t <- lam_t + decay_{t+1} * lam_{t+1}; lam_{-1} += carry."""
-    decays, lams = decay.unbind(0), lam.unbind(0)
-    nxt = lams[-1].add_(carry)
-    for t in range(len(lams) - 2, -1, -1):
-        nxt = lams[t].addcmul_(decays[t + 1], nxt)
-
-
-class _FastScan(torch.autograd.Function):
-    """Time-major inside: u, delta (L, B, D); B, C (L, B, N); blocks (T, B, D, N)."""
+class _ChunkedScan(torch.autograd.Function):
+    """Per group of rows, time-major and contiguous inside: u, delta (L, R, D); B, C (L, R, N);
+    a chunk's decays, states and adjoints (T, R, D, N)."""
 
     @staticmethod
     def forward(
@@ -174,93 +227,93 @@ class _FastScan(torch.autograd.Function):
         B: Tensor,
         C: Tensor,
         D: Tensor,
-        block: int,
-        chunk: int,
+        steps: int,
+        rows: int,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
-        batch, channels, length = u.shape
-        N = A.size(1)
-        ut, dt = u.permute(2, 0, 1).contiguous(), delta.permute(2, 0, 1).contiguous()
-        Bt, Ct = B.permute(2, 0, 1).contiguous(), C.permute(2, 0, 1).contiguous()
-        drive_scale = dt * ut  # Delta x: (L, B, D)
-        y = u.new_empty(length, batch, channels)
-        decay = u.new_empty(block, batch, channels, N)
-        h = u.new_empty(block, batch, channels, N)
-        state = u.new_zeros(batch, channels, N)
-        starts = []
-        for s in range(0, length, block):
-            e = min(s + block, length)
-            if s % chunk == 0:
-                starts.append(state.clone())
-            a, hb = decay[: e - s], h[: e - s]
-            torch.mul(dt[s:e, :, :, None], A, out=a).exp_()  # exp(Delta A): (T, B, D, N)
-            _outer(drive_scale[s:e], Bt[s:e], out=hb)  # Delta_t x_t B_t: (T, B, D, N)
-            _scan_(a, hb, state)
-            _sum_over_state(Ct[s:e], hb, out=y[s:e])  # C_t h_t
-            state.copy_(hb[-1])
-        y.addcmul_(ut, D)
-        ctx.save_for_backward(ut, dt, A, Bt, Ct, D, torch.stack(starts))
-        ctx.sizes = (block, chunk)
-        return y.permute(1, 2, 0), state
+        groups = [_time_major(t, rows) for t in (u, delta, B, C)]
+        chunks = _chunks(u.size(-1), steps)
+        ys, lasts, starts = [], [], []
+        for ut, dt, Bt, Ct in zip(*groups, strict=True):
+            dx = dt * ut  # Delta x: (L, R, D)
+            state = u.new_zeros(ut.size(1), ut.size(2), A.size(1))
+            y = torch.empty_like(ut)
+            group_starts = []
+            work = u.new_empty(3, steps, *state.shape)  # decays, states, scratch
+            for s, e in chunks:
+                group_starts.append(state)
+                _chunk_states_(dt[s:e], dx[s:e], A, Bt[s:e], state, work[:, : e - s])
+                h = work[1, : e - s]
+                _sum_over_state(Ct[s:e], h, out=y[s:e])  # C_t h_t
+                state = h[-1].clone()
+            ys.append(y.addcmul_(ut, D).permute(1, 2, 0))
+            lasts.append(state)
+            starts.append(torch.stack(group_starts))  # the states the backward starts from
+        ctx.save_for_backward(u, delta, A, B, C, D, *starts)
+        ctx.sizes = (steps, rows)
+        return torch.cat(ys), torch.cat(lasts)
 
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor | None, grad_last: Tensor | None) -> tuple[Any, ...]:
-        ut, dt, A, Bt, Ct, D, starts = ctx.saved_tensors
-        block, chunk = ctx.sizes
-        length, batch, channels = ut.shape
-        N = A.size(1)
-        gy = (
-            grad_y.permute(2, 0, 1).contiguous()
-            if grad_y is not None
-            else ut.new_zeros(length, batch, channels)
-        )
-        drive_scale = dt * ut
-        g_drive_scale = ut.new_empty(length, batch, channels)  # dLoss / d(Delta x)
-        g_dt = ut.new_empty(length, batch, channels)
-        g_B, g_C = ut.new_empty(length, batch, N), ut.new_empty(length, batch, N)
+        u, delta, A, B, C, D, *starts = ctx.saved_tensors
+        steps, rows = ctx.sizes
+        gy = grad_y if grad_y is not None else torch.zeros_like(u)
+        groups = [_time_major(t, rows) for t in (u, delta, B, C, gy)]
+        lasts = _split(grad_last, rows) if grad_last is not None else [None] * len(starts)
+        chunks = _chunks(u.size(-1), steps)
+        grads: list[list[Tensor]] = [[], [], [], []]
         g_A = torch.zeros_like(A)
-        span = min(chunk, length)
-        decays = ut.new_empty(span, batch, channels, N)
-        states = ut.new_empty(span + 1, batch, channels, N)  # row 0: the chunk's start state
-        lam = ut.new_empty(block, batch, channels, N)
-        # carry: decay_{t+1} * lam_{t+1} for the first step after the current block.
-        carry = grad_last.clone() if grad_last is not None else ut.new_zeros(batch, channels, N)
-        for index in range(starts.size(0) - 1, -1, -1):
-            c0, c1 = index * chunk, min(index * chunk + chunk, length)
-            blocks = range(c0, c1, block)
-            states[0] = starts[index]
-            for s in blocks:  # recompute the chunk's decays and states
-                e = min(s + block, c1)
-                a, hb = decays[s - c0 : e - c0], states[s - c0 + 1 : e - c0 + 1]
-                torch.mul(dt[s:e, :, :, None], A, out=a).exp_()
-                _outer(drive_scale[s:e], Bt[s:e], out=hb)
-                _scan_(a, hb, states[s - c0])
-            for s in reversed(blocks):  # the adjoint recurrence, last block first
-                e = min(s + block, c1)
-                K = (e - s) * batch
-                a = decays[s - c0 : e - c0]
-                h_prev, h = states[s - c0 : e - c0], states[s - c0 + 1 : e - c0 + 1]
-                lb = lam[: e - s]
-                _sum_over_channels(gy[s:e], h, out=g_C[s:e])  # dL/dC_t = sum_d gy_t h_t
+        for ut, dt, Bt, Ct, gyt, group_starts, g_last in zip(*groups, starts, lasts, strict=True):
+            dx = dt * ut
+            g_dx, g_dt = torch.empty_like(ut), torch.empty_like(ut)  # dL/d(Delta x), dL/dDelta
+            g_B, g_C = torch.empty_like(Bt), torch.empty_like(Ct)
+            work = u.new_empty(4, steps, *group_starts.shape[1:])  # decays, states, scratch, lam
+            # carry: decay_{t+1} * lam_{t+1} for the step after the current chunk.
+            carry = torch.zeros_like(group_starts[0]) if g_last is None else g_last.clone()
+            for (s, e), start in zip(reversed(chunks), group_starts.flip(0), strict=True):
+                _chunk_states_(dt[s:e], dx[s:e], A, Bt[s:e], start, work[:3, : e - s])
+                decay, h, scratch, lam = work[:, : e - s]
+                _sum_over_channels(gyt[s:e], h, out=g_C[s:e])  # dL/dC_t = sum_d gy_t h_t
                 # lam_t = dL/dh_t = C_t gy_t + decay_{t+1} lam_{t+1}
-                _outer(gy[s:e], Ct[s:e], out=lb)
-                _reverse_scan_(a, lb, carry)
-                torch.mul(a[0], lb[0], out=carry)
+                torch.mul(gyt[s:e, :, :, None], Ct[s:e, :, None, :], out=lam)
+                lam[-1] += carry
+                _reverse_scan_(decay[1:], lam, scratch)
+                torch.mul(decay[0], lam[0], out=carry)
                 # Drive Delta_t B_t x_t: dL/d(Delta x) = sum_n lam B, dL/dB = sum_d lam Delta x
-                _sum_over_state(Bt[s:e], lb, out=g_drive_scale[s:e])
-                _sum_over_channels(drive_scale[s:e], lb, out=g_B[s:e])
-                # Decay exp(Delta_t A): w = lam_t * h_{t-1} * decay_t = dL/d(Delta_t A), then
-                # dL/dDelta_t = sum_n w A and dL/dA = sum_{t,b} w Delta_t, as products batched
-                # over channels (faster than multiply-and-sum on CPU).
-                w = lb.mul_(a).mul_(h_prev).view(K, channels, N).transpose(0, 1)  # (D, K, N)
-                g_dt[s:e].view(K, channels).copy_(torch.bmm(w, A.unsqueeze(-1)).squeeze(-1).T)
-                dt_t = dt[s:e].view(K, channels).T.contiguous()  # (D, K): one BLAS call, no loop
-                g_A.unsqueeze(1).baddbmm_(dt_t.unsqueeze(1), w)
-        g_dt.addcmul_(g_drive_scale, ut)
-        g_u = torch.addcmul(g_drive_scale * dt, gy, D)
-        g_D = (gy * ut).sum(dim=(0, 1))
-        g_u, g_dt, g_B, g_C = (g.permute(1, 2, 0) for g in (g_u, g_dt, g_B, g_C))  # (B, ., L)
+                _sum_over_state(Bt[s:e], lam, out=g_dx[s:e])
+                _sum_over_channels(dx[s:e], lam, out=g_B[s:e])
+                # Decay exp(Delta_t A): w = lam_t * decay_t * h_{t-1} = dL/d(Delta_t A)
+                w = lam.mul_(decay)
+                w[1:].mul_(h[:-1])
+                w[0].mul_(start)
+                g_dt[s:e] = _decay_grads_(w, dt[s:e], A, g_A)
+            g_dt.addcmul_(g_dx, ut)
+            g_u = torch.addcmul(g_dx * dt, gyt, D)
+            for out, g in zip(grads, (g_u, g_dt, g_B, g_C), strict=True):
+                out.append(g.permute(1, 2, 0))  # (R, ., L)
+        g_D = (gy * u).sum(dim=(0, 2))
+        g_u, g_dt, g_B, g_C = (torch.cat(g) for g in grads)
         return g_u, g_dt, g_A, g_B, g_C, g_D, None, None
+
+
+def _time_major(x: Tensor, rows: int) -> list[Tensor]:
+    """(B, ., L) -> groups of ``rows`` rows, each (L, R, .) contiguous."""
+    return [g.permute(2, 0, 1).contiguous() for g in _split(x, rows)]
+
+
+def _split(x: Tensor, rows: int) -> list[Tensor]:
+    """Views of ``rows`` rows of x along dim 0 (the last group may be shorter)."""
+    return [x[r : r + rows] for r in range(0, x.size(0), rows)]
+
+
+def _decay_grads_(w: Tensor, dt: Tensor, A: Tensor, g_A: Tensor) -> Tensor:
+    """From w = dL/d(Delta_t A) (T, R, D, N): returns dL/dDelta_t = sum_n w A (T, R, D) and
+    adds dL/dA = sum_{t, r} w Delta_t to ``g_A``, as products batched over channels (faster
+    than multiply-and-sum on CPU)."""
+    T, R, channels, _ = w.shape
+    wt = w.view(T * R, channels, -1).transpose(0, 1)  # (D, T R, N)
+    g_A.unsqueeze(1).baddbmm_(dt.reshape(T * R, channels).T.unsqueeze(1), wt)
+    return torch.bmm(wt, A.unsqueeze(-1)).view(channels, T, R).permute(1, 2, 0)
 
 
 @functools.cache

@@ -92,7 +92,10 @@ class Predictor:
         self, histories: list[npt.NDArray[np.int64]], k: int, exclude_seen: bool
     ) -> list[tuple[list[int], list[float] | None]]:
         """Top-k internal ids (and scores) per non-empty history."""
-        width = min(max(len(h) for h in histories), self.max_seq_len)
+        width = max(len(h) for h in histories)
+        if isinstance(self.model, ScoringRecommender):
+            width = min(width, self.max_seq_len)
+        # else: a top-k model reads the last max_seq_len items itself and excludes them all
         input_ids = torch.full((len(histories), width), PAD_ID, dtype=torch.long)
         for row, ids in enumerate(histories):
             recent = torch.from_numpy(ids[-width:])
@@ -100,7 +103,7 @@ class Predictor:
         input_ids = input_ids.to(self.device)
         if not isinstance(self.model, ScoringRecommender):
             top = self.model.recommend(input_ids, k, exclude_seen).cpu()
-            return [(row.tolist(), None) for row in top]
+            return [([i for i in row.tolist() if i != PAD_ID], None) for row in top]
         scores = self.model.score(input_ids).float().cpu()  # (B, N + 1)
         scores[:, PAD_ID] = float("-inf")
         if exclude_seen:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from seqrec import __version__
 from seqrec.config import (
     ConfigError,
@@ -27,6 +29,7 @@ from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import EvalResult, evaluate
 from seqrec.models.base import (
     MODELS,
+    ModelConfig,
     SequentialRecommender,
     build_model,
     build_model_config,
@@ -52,6 +55,7 @@ from seqrec.training.loop import (
     resolve_device,
     seed_everything,
 )
+from seqrec.training.semantic_ids import semantic_ids_for_run
 from seqrec.training.tensorboard import tensorboard_callback
 
 logger = logging.getLogger(__name__)
@@ -167,6 +171,18 @@ def warm_start(model: SequentialRecommender, init_from: str | Path, data: Prepar
     )
 
 
+def _with_codebook_sizes(config: ModelConfig, sizes: tuple[int, ...]) -> ModelConfig:
+    """The model config with the semantic IDs' codebook sizes (they come from the tokenizer,
+    as ``num_items`` comes from the data)."""
+    given = getattr(config, "codebook_sizes", ())
+    if given and tuple(given) != tuple(sizes):
+        raise ConfigError(
+            f"model.codebook_sizes {tuple(given)} differs from the semantic IDs' {tuple(sizes)}; "
+            "remove it from the config (the tokenizer section decides it)"
+        )
+    return dataclasses.replace(config, codebook_sizes=tuple(sizes))  # type: ignore[call-arg]
+
+
 def train_experiment(
     config: ExperimentConfig,
     run_dir: Path,
@@ -187,7 +203,13 @@ def train_experiment(
     model_config = build_model_config(
         config.model, num_items=data.num_items, num_users=data.num_users
     )
+    semantic_ids = None
+    if model_config.uses_semantic_ids:
+        semantic_ids = semantic_ids_for_run(config.tokenizer, data, data_dir, run_dir, started)
+        model_config = _with_codebook_sizes(model_config, semantic_ids.ids.codebook_sizes)
     model = build_model(model_config)
+    if semantic_ids is not None:
+        model.set_semantic_ids(torch.from_numpy(semantic_ids.ids.codes))
     resolved = _resolved(config, model, data)
     if started:
         _check_resume(run_dir, config, resolved)
@@ -199,6 +221,8 @@ def train_experiment(
         run_dir.mkdir(parents=True, exist_ok=True)
         save_json(resolved, run_dir / CONFIG)
         data.id_map.save(run_dir / ID_MAP)
+    if semantic_ids is not None:
+        semantic_ids.save(run_dir)
     trainer = Trainer(model, data, config, run_dir, on_epoch_end)
     if resume and not trainer.resume():
         logger.info("--resume: %s has no completed epoch yet; starting from epoch 1", run_dir)

@@ -1,0 +1,137 @@
+"""TIGER and TrieRec through ``seqrec train`` / ``evaluate`` / ``recommend``: semantic IDs
+fitted into the run, reused by another run, checked against the data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from seqrec.cli import main
+from seqrec.tokenizers import SemanticIds
+from seqrec.training.checkpoint import load_run
+from seqrec.training.semantic_ids import SEMANTIC_IDS
+from tests.cli.helpers import tiny_raw, train_isolated, write_yaml
+from tests.env import isolate
+
+TINY_TIGER = {
+    "name": "tiger",
+    "hidden_size": 16,
+    "num_heads": 2,
+    "head_size": 8,
+    "ffn_size": 32,
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 1,
+    "user_buckets": 10,
+    "max_seq_len": 10,
+}
+
+
+@pytest.fixture(scope="module")
+def sasrec_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trained SASRec whose item embeddings the tokenizer quantises (synthetic items have
+    no text)."""
+    root = tmp_path_factory.mktemp("sasrec")
+    return train_isolated(tiny_raw(train={"max_epochs": 2}), root / "run", root / "cache")
+
+
+def tiger_raw(sasrec_run: Path, **model: Any) -> dict[str, dict[str, Any]]:
+    return tiny_raw(
+        model={**TINY_TIGER, **model},
+        train={"max_epochs": 2, "batch_size": 256},
+        eval={"ks": [5, 10]},
+        tokenizer={
+            "method": "rqkmeans",
+            "num_levels": 2,
+            "codebook_size": 8,
+            "embeddings": "collaborative",
+            "collaborative_run": str(sasrec_run),
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def tiger_run(sasrec_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiger")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, root / "cache")
+        config = write_yaml(root / "tiger.yaml", tiger_raw(sasrec_run))
+        assert main(["train", "--config", str(config), "--out", str(root / "run")]) == 0
+    return root / "run"
+
+
+def test_training_fits_semantic_ids_into_the_run(tiger_run: Path) -> None:
+    ids = SemanticIds.load(tiger_run / SEMANTIC_IDS)
+    assert ids.num_levels == 3  # two RQ-KMeans levels + disambiguation
+    assert ids.codebook_sizes[:2] == (8, 8)
+    assert (tiger_run / SEMANTIC_IDS / "tokenizer.pt").is_file()
+    config = json.loads((tiger_run / "config.json").read_text())
+    assert tuple(config["model"]["codebook_sizes"]) == ids.codebook_sizes
+    assert config["tokenizer"]["method"] == "rqkmeans"
+    run = load_run(tiger_run)  # the checkpoint alone carries the codes
+    assert np.array_equal(run.model.item_codes.numpy(), ids.codes)  # type: ignore[arg-type]
+    results = json.loads((tiger_run / "results.json").read_text())
+    assert 0.0 <= results["NDCG@10"] <= results["HR@10"] <= 1.0
+
+
+def test_evaluate_and_recommend_a_generative_run(
+    tiger_run: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    isolate_dir = tmp_path / "cache"
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, isolate_dir)
+        assert main(["evaluate", str(tiger_run), "--json"]) == 0
+        again = json.loads(capsys.readouterr().out)
+        results = json.loads((tiger_run / "results.json").read_text())
+        assert again["NDCG@10"] == pytest.approx(results["NDCG@10"])
+        assert main(["evaluate", str(tiger_run), "--json", "--set", "model.beam_size=20"]) == 0
+        wider = json.loads(capsys.readouterr().out)
+        assert wider["HR@10"] >= 0.0
+        run = load_run(tiger_run)
+        history = list(run.id_map.items[:25])  # longer than max_seq_len
+        assert main(["recommend", str(tiger_run), "--history", *history, "-k", "7", "--json"]) == 0
+    items = json.loads(capsys.readouterr().out)["items"]
+    assert len(items) == 7
+    assert not set(items) & set(history)  # the whole history is excluded, not only the window
+
+
+def test_another_run_reuses_the_semantic_ids(
+    tiger_run: Path, sasrec_run: Path, tmp_path: Path
+) -> None:
+    raw = tiger_raw(sasrec_run, name="trierec")
+    raw["tokenizer"] = {"from_run": str(tiger_run)}
+    raw["train"]["max_epochs"] = 1
+    run_dir = train_isolated(raw, tmp_path / "trierec", tmp_path / "cache")
+    ours = SemanticIds.load(run_dir / SEMANTIC_IDS)
+    theirs = SemanticIds.load(tiger_run / SEMANTIC_IDS)
+    assert np.array_equal(ours.codes, theirs.codes)
+    assert (run_dir / SEMANTIC_IDS / "tokenizer.pt").is_file()
+
+
+def test_semantic_ids_of_other_data_are_refused(
+    tiger_run: Path, sasrec_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tiger_raw(sasrec_run)
+    raw["tokenizer"] = {"from_run": str(tiger_run)}
+    raw["data"]["synthetic_items"] = 150  # another catalogue
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path / "cache")
+        config = write_yaml(tmp_path / "other.yaml", raw)
+        assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) != 0
+    assert "another item catalogue" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_codebook_sizes_come_from_the_tokenizer(
+    tiger_run: Path, sasrec_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tiger_raw(sasrec_run, codebook_sizes=[8, 8, 99])
+    raw["tokenizer"] = {"from_run": str(tiger_run)}
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path / "cache")
+        config = write_yaml(tmp_path / "sizes.yaml", raw)
+        assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) != 0
+    assert "the tokenizer section decides it" in capsys.readouterr().err
