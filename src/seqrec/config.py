@@ -86,12 +86,17 @@ class TrainConfig:
     # e.g. RecRec's stage 2 from its stage-1 run). Its model config must match this one
     # except the fields the model declares free (``ModelConfig.warm_start_free``).
     init_from: str | None = None
+    # Stop after the epoch in which training + validation time reaches this budget (equal
+    # wall-clock budgets for model comparisons); None = no limit.
+    time_budget_minutes: float | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 0 or self.patience < 1:
             raise ConfigError("train.lr, batch_size, patience must be positive, max_epochs >= 0")
         if self.eval_every < 1:
             raise ConfigError(f"train.eval_every must be >= 1, got {self.eval_every}")
+        if self.time_budget_minutes is not None and self.time_budget_minutes <= 0:
+            raise ConfigError("train.time_budget_minutes must be positive (or null)")
 
 
 @dataclass(frozen=True, kw_only=True)

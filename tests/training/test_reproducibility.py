@@ -60,3 +60,16 @@ def test_early_stopping_keeps_the_best_epoch(
     assert valid["NDCG@10"] != pytest.approx(values[-1], abs=1e-6)  # not the last weights
     for key in ("HR@10", "MRR@10"):
         assert valid[key] == pytest.approx(rows[best][f"valid_{key}"], abs=1e-6)
+
+
+def test_time_budget_stops_after_the_epoch_that_reaches_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0.0001 minutes is reached during the first epoch: training stops after it.
+    raw = tiny_raw(train={"max_epochs": 5, "time_budget_minutes": 0.0001})
+    out = train(tmp_path, "run", write_yaml(tmp_path / "c.yaml", raw))
+    assert len(read_jsonl(out / "metrics.jsonl")) == 1
+    raw = tiny_raw(train={"max_epochs": 2, "time_budget_minutes": 60})  # never reached
+    out = train(tmp_path, "run2", write_yaml(tmp_path / "c2.yaml", raw))
+    assert len(read_jsonl(out / "metrics.jsonl")) == 2
+    capsys.readouterr()

@@ -291,6 +291,10 @@ class Trainer:
                 self.state.finished = True
             if epoch == train.max_epochs:
                 self.state.finished = True
+            budget = train.time_budget_minutes
+            if budget is not None and self.state.elapsed_seconds >= 60.0 * budget:
+                logger.info("time budget of %g minutes reached after epoch %d", budget, epoch)
+                self.state.finished = True
             self._checkpoint(numpy_rng)
         self.model.load_state_dict(self.best_weights)
         if self.run_dir is not None:
