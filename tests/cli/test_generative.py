@@ -135,3 +135,19 @@ def test_codebook_sizes_come_from_the_tokenizer(
         config = write_yaml(tmp_path / "sizes.yaml", raw)
         assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) != 0
     assert "the tokenizer section decides it" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_keeps_its_semantic_ids(
+    tiger_run: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    codes = tiger_run / SEMANTIC_IDS / "semantic_ids.npz"
+    before = (codes.stat().st_mtime_ns, codes.read_bytes())
+    results = json.loads((tiger_run / "results.json").read_text())
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path / "cache")
+        assert main(["train", "--resume", "--out", str(tiger_run)]) == 0
+    capsys.readouterr()
+    assert (codes.stat().st_mtime_ns, codes.read_bytes()) == before  # loaded, not refitted
+    assert json.loads((tiger_run / "results.json").read_text())["NDCG@10"] == pytest.approx(
+        results["NDCG@10"]
+    )

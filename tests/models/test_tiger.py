@@ -273,3 +273,20 @@ def test_ablation_switches_train(tae: str, tre: str) -> None:
     assert torch.isfinite(loss)
     assert (tae == "none") == (model.tae is None)
     assert dataclasses.asdict(model.config)["tre"] == tre
+
+
+@pytest.mark.parametrize("variant", ["full", "no_lca", "no_delta"])
+def test_tre_bias_is_the_table_at_the_pair_indices(variant: str) -> None:
+    torch.manual_seed(4)
+    tre = TrieRelativeBias(num_levels=3, variant=variant)  # type: ignore[arg-type]
+    with torch.no_grad():
+        tre.table.weight.normal_()
+    codes = torch.randint(0, 2, (4, 5, 3))  # small codebooks: many shared prefixes
+    real = torch.rand(4, 5) > 0.3
+    bias = tre(codes, real, prefix_tokens=1)[:, 0]  # (B, 1 + 15, 1 + 15)
+    index = tre.index(codes, real)
+    weights = tre.table.weight.squeeze(-1)
+    assert torch.allclose(bias[:, 1:, 1:], weights[index])
+    outside = weights[-1]
+    assert torch.allclose(bias[:, 0, :], outside.expand(4, 16))
+    assert torch.allclose(bias[:, :, 0], outside.expand(4, 16))

@@ -81,31 +81,54 @@ class TrieRelativeBias(nn.Module):
         self.table = nn.Embedding(self.size**3 + 1, 1)
         nn.init.zeros_(self.table.weight)
 
-    def index(self, codes: Tensor, real: Tensor) -> Tensor:
-        """codes (B, L, M) paths of the history items, real (B, L) -> (B, L·M, L·M) table
-        indices for every pair of path tokens (token (i, l) at flat position i·M + l)."""
-        B, L, M = codes.shape
-        same = (codes[:, :, None, :] == codes[:, None, :, :]).long()  # (B, L, L, M)
-        common = same.cumprod(dim=-1).sum(dim=-1)  # (B, L, L) shared prefix length
-        depth = torch.arange(1, M + 1, device=codes.device)
-        du = depth.view(1, 1, M, 1, 1)  # token u = (i, a), a = depth of u
-        dv = depth.view(1, 1, 1, 1, M)  # token v = (j, b)
-        lca = torch.minimum(torch.minimum(du, dv), common[:, :, None, :, None])  # (B,L,M,L,M)
+    def pair_table(self, num_levels: int, device: torch.device) -> Tensor:
+        """(M + 1, M, M) table index of a token pair at depths (a, b) whose items share a
+        prefix of c codes: d_LCA = min(a, b, c), δu = a - d_LCA, δv = b - d_LCA."""
+        common = torch.arange(num_levels + 1, device=device).view(-1, 1, 1)
+        depth = torch.arange(1, num_levels + 1, device=device)
+        du, dv = depth.view(1, -1, 1), depth.view(1, 1, -1)
+        lca = torch.minimum(torch.minimum(du, dv), common)
         delta_u, delta_v = du - lca, dv - lca
         if self.variant == "no_lca":
             lca = torch.zeros_like(lca)
         elif self.variant == "no_delta":
             delta_u, delta_v = torch.zeros_like(delta_u), torch.zeros_like(delta_v)
         n = self.size
-        index = (lca * n + delta_u) * n + delta_v
-        pair_real = real[:, :, None, None, None] & real[:, None, None, :, None]
-        index = torch.where(pair_real, index, n**3)
-        return index.reshape(B, L * M, L * M)
+        return (lca * n + delta_u) * n + delta_v
+
+    @staticmethod
+    def shared_prefix(codes: Tensor) -> Tensor:
+        """codes (B, L, M) -> (B, L, L) how many leading codes each pair of items shares."""
+        same = (codes[:, :, None, :] == codes[:, None, :, :]).long()
+        return same.cumprod(dim=-1).sum(dim=-1)
+
+    def _per_token(self, per_pair: Tensor, real: Tensor, outside: Tensor) -> Tensor:
+        """(B, L, L, M, M) values per (item pair, depth pair) -> (B, L·M, L·M) per token pair,
+        ``outside`` where either item is padding."""
+        B, L, _, M, _ = per_pair.shape
+        pair_real = (real[:, :, None] & real[:, None, :])[..., None, None]
+        values = torch.where(pair_real, per_pair, outside)
+        return values.permute(0, 1, 3, 2, 4).reshape(B, L * M, L * M)
+
+    def index(self, codes: Tensor, real: Tensor) -> Tensor:
+        """codes (B, L, M) paths of the history items, real (B, L) -> (B, L·M, L·M) table
+        indices for every pair of path tokens (token (i, l) at flat position i·M + l)."""
+        table = self.pair_table(codes.size(-1), codes.device)
+        per_pair = table[self.shared_prefix(codes)]  # (B, L, L, M, M)
+        return self._per_token(per_pair, real, torch.tensor(self.size**3, device=codes.device))
 
     def forward(self, codes: Tensor, real: Tensor, prefix_tokens: int = 0) -> Tensor:
         """-> (B, 1, T, T) logit bias with T = prefix_tokens + L·M; pairs that involve one of
-        the ``prefix_tokens`` leading non-item tokens (the user token) share one entry."""
-        index = self.index(codes, real)
+        the ``prefix_tokens`` leading non-item tokens (the user token) share one entry.
+
+        Equal to ``table[index(codes, real)]``, computed through the (M + 1, M, M) values
+        per shared-prefix length, so the lookup and its gradient touch a small table, not
+        every token pair.
+        """
+        weights = self.table.weight.squeeze(-1)
+        small = weights[self.pair_table(codes.size(-1), codes.device)]  # (M + 1, M, M)
+        outside = weights[self.size**3]
+        bias = self._per_token(small[self.shared_prefix(codes)], real, outside)
         if prefix_tokens:
-            index = F.pad(index, (prefix_tokens, 0, prefix_tokens, 0), value=self.size**3)
-        return self.table(index).squeeze(-1).unsqueeze(1)
+            bias = F.pad(bias - outside, (prefix_tokens, 0, prefix_tokens, 0)) + outside
+        return bias.unsqueeze(1)

@@ -38,8 +38,8 @@ class RQVAEConfig:
     num_levels: int = 3
     codebook_size: int = 256
     commitment: float = 0.25  # beta
-    epochs: int = 3000
-    lr: float = 0.4
+    epochs: int = 500  # defaults as seqrec.config.TokenizerConfig (why: see there)
+    lr: float = 0.005
     batch_size: int = 1024
     kmeans_iters: int = 50
     seed: int = 0
