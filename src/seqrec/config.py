@@ -141,7 +141,8 @@ class TokenizerConfig:
     from_run: str | None = None
     # RQ-VAE: TIGER's encoder 768 -> 512 -> 256 -> 128 -> 32, beta 0.25, Adagrad. TIGER's lr
     # 0.4 and 20k epochs diverge and take hours here (losses are summed over dimensions):
-    # lr 0.005 and 500 epochs (about 8 minutes for Beauty's 12k items on one CPU core).
+    # lr 0.005 and 500 epochs: Beauty's 12k items in 4.2 minutes on 2 CPU cores, every code
+    # of every level used, 4.1% of items sharing a path before disambiguation.
     hidden_sizes: tuple[int, ...] = (512, 256, 128)
     latent_dim: int = 32
     commitment: float = 0.25  # beta: weight of the commitment loss
