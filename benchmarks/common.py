@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from seqrec.config import experiment_from_raw, load_raw
+from seqrec.evaluation import evaluate_model
 from seqrec.io import atomic_write_text
-from seqrec.training.run import evaluate_model, train_experiment
+from seqrec.training.run import train_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOLS = ("sampled", "full")

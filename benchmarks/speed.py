@@ -39,9 +39,9 @@ def measure(variant: str, epochs: int, data_dir: str | None, threads: int | None
 
     from seqrec.config import DataConfig, EvalConfig, experiment_from_raw
     from seqrec.data.prepare import prepare
+    from seqrec.evaluation import evaluate_model
     from seqrec.models import build_model, build_model_config
     from seqrec.training.loop import Trainer
-    from seqrec.training.run import evaluate_model
 
     if threads is not None:
         torch.set_num_threads(threads)

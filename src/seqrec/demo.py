@@ -15,8 +15,8 @@ from typing import Any
 
 from seqrec.config import EvalConfig, ExperimentConfig, experiment_from_raw
 from seqrec.data.datasets import resolve_default_dataset
-from seqrec.evaluation import EvalResult
-from seqrec.training.run import TrainOutcome, evaluate_model, train_experiment
+from seqrec.evaluation import EvalResult, evaluate_model
+from seqrec.training.run import TrainOutcome, train_experiment
 
 logger = logging.getLogger(__name__)
 

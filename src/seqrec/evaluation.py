@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import PAD_ID
-from seqrec.config import EvalConfig
+from seqrec.config import EvalConfig, SplitChoice
 from seqrec.data.batches import left_padded
 from seqrec.data.idmap import IdMap
-from seqrec.data.sequences import EvalSet, Sequences
+from seqrec.data.sequences import EvalSet, PreparedData, Sequences
 from seqrec.io import atomic_path
 from seqrec.metrics import all_metrics, mean_and_ci, rank_in_topk, rank_of_target
 from seqrec.models.base import ScoringRecommender, SequentialRecommender
@@ -182,6 +182,28 @@ def evaluate(
         ranks=ranks + 1,
         users=eval_set.users.astype(np.int64),
         targets=eval_set.targets.astype(np.int64),
+    )
+
+
+def evaluate_model(
+    model: SequentialRecommender,
+    data: PreparedData,
+    config: EvalConfig,
+    *,
+    split: SplitChoice = "test",
+    device: torch.device | str = "cpu",
+) -> EvalResult:
+    """Evaluate ``model`` on the test (or validation) users of ``data``."""
+    eval_set = data.split.test if split == "test" else data.split.valid
+    return evaluate(
+        model,
+        eval_set,
+        config,
+        all_sequences=data.sequences,
+        num_items=data.num_items,
+        item_counts=data.item_counts(),
+        device=device,
+        split=split,
     )
 
 

@@ -29,7 +29,7 @@ from seqrec.analysis.tables import markdown_table, write_table
 from seqrec.config import ConfigError, EvalConfig, SplitChoice
 from seqrec.data.batches import left_padded
 from seqrec.data.sequences import EvalSet, PreparedData
-from seqrec.evaluation import describe_protocol, evaluate
+from seqrec.evaluation import describe_protocol, evaluate_model
 from seqrec.io import atomic_write_text
 from seqrec.models.base import SequentialRecommender, with_inference_settings
 from seqrec.models.recrec import RecRec, interest_diversity
@@ -90,16 +90,7 @@ def depth_curve(
     try:
         for depth in depths:
             model.config = with_inference_settings(original, {"depth": depth})
-            result = evaluate(
-                model,
-                eval_set,
-                config,
-                all_sequences=data.sequences,
-                num_items=data.num_items,
-                item_counts=data.item_counts(),
-                device=device,
-                split=split,
-            )
+            result = evaluate_model(model, data, config, split=split, device=device)
             row: dict[str, Any] = {"depth": depth}
             row.update({name: result.metrics[name] for name in METRICS})
             row.update({f"{name}_ci95": result.ci95[name] for name in METRICS})

@@ -27,7 +27,7 @@ from seqrec.batch import SeqBatch
 from seqrec.config import ConfigError, ExperimentConfig, TrainConfig
 from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import PreparedData
-from seqrec.evaluation import evaluate
+from seqrec.evaluation import evaluate_model
 from seqrec.metrics import METRICS
 from seqrec.models.base import SequentialRecommender
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
@@ -194,15 +194,8 @@ class Trainer:
         check_train_config(config)
 
     def validate(self) -> dict[str, float]:
-        result = evaluate(
-            self.model,
-            self.data.split.valid,
-            self.config.eval,
-            all_sequences=self.data.sequences,
-            num_items=self.data.num_items,
-            item_counts=self.data.item_counts(),
-            device=self.device,
-            split="valid",
+        result = evaluate_model(
+            self.model, self.data, self.config.eval, split="valid", device=self.device
         )
         return result.metrics
 

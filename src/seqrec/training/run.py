@@ -18,7 +18,6 @@ import torch
 from seqrec import __version__
 from seqrec.config import (
     ConfigError,
-    EvalConfig,
     ExperimentConfig,
     SplitChoice,
     experiment_from_raw,
@@ -26,7 +25,7 @@ from seqrec.config import (
 from seqrec.data.prepare import prepare
 from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
-from seqrec.evaluation import EvalResult, evaluate
+from seqrec.evaluation import EvalResult, evaluate_model
 from seqrec.models.base import (
     MODELS,
     ModelConfig,
@@ -238,27 +237,6 @@ def train_experiment(
         run_dir / RESULTS,
     )
     return TrainOutcome(fit=fit, test=test, data=data, model=model)
-
-
-def evaluate_model(
-    model: SequentialRecommender,
-    data: PreparedData,
-    config: EvalConfig,
-    *,
-    split: SplitChoice = "test",
-    device: str = "cpu",
-) -> EvalResult:
-    eval_set = data.split.test if split == "test" else data.split.valid
-    return evaluate(
-        model,
-        eval_set,
-        config,
-        all_sequences=data.sequences,
-        num_items=data.num_items,
-        item_counts=data.item_counts(),
-        device=device,
-        split=split,
-    )
 
 
 def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> PreparedData:
