@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from seqrec.models import SequentialRecommender, build_model, build_model_config
+
 B, L, S, NUM_ITEMS, NUM_USERS = 3, 7, 5, 37, 4
 
 BASE = {"num_items": NUM_ITEMS, "num_users": NUM_USERS, "max_seq_len": L}
@@ -51,3 +53,12 @@ REQUIRED_DATASETS = [
     "steam",
     "synthetic",
 ]
+
+
+def tiny_model(name: str, **changes: object) -> SequentialRecommender:
+    """The registered model ``name`` at its tiny size, ``changes`` applied to its config."""
+    values = {k: v for k, v in TINY_CONFIGS[name].items() if k not in ("num_items", "num_users")}
+    config = build_model_config(
+        {"name": name, **values, **changes}, num_items=NUM_ITEMS, num_users=NUM_USERS
+    )
+    return build_model(config)

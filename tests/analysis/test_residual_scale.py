@@ -14,10 +14,9 @@ from seqrec.analysis.hooks import ResidualAnalyzable, analyzable, residual_scale
 from seqrec.batch import SeqBatch
 from seqrec.evaluation import evaluate
 from seqrec.models import MODELS
-from seqrec.models.base import build_model, build_model_config
 from seqrec.models.sasrec import SASRec
 from seqrec.training.run import data_for_run, load_run
-from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS
+from tests.tiny import TINY_CONFIGS, tiny_model
 
 
 def test_alpha_one_reproduces_the_evaluator_ranks_exactly(trained_run: Path) -> None:
@@ -107,9 +106,7 @@ def test_residual_scale_is_not_saved_and_must_be_finite(model: SASRec) -> None:
 def test_sasrec_family_opts_in_and_others_are_refused(name: str) -> None:
     if name not in TINY_CONFIGS:
         pytest.skip(f"{name} has no tiny config yet")
-    values = {k: v for k, v in TINY_CONFIGS[name].items() if k not in ("num_items", "num_users")}
-    config = build_model_config({"name": name, **values}, num_items=NUM_ITEMS, num_users=NUM_USERS)
-    model = build_model(config)
+    model = tiny_model(name)
     if isinstance(model, SASRec):  # SASRec, DuoRec, gSASRec, ...
         assert isinstance(analyzable(model), ResidualAnalyzable)
     else:

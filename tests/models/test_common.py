@@ -10,7 +10,7 @@ import torch
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError
 from seqrec.models import MODELS, SequentialRecommender, build_model, build_model_config
-from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS
+from tests.tiny import NUM_ITEMS, TINY_CONFIGS, tiny_model
 
 # Models that learn by counting, not by gradient descent: no parameters, nothing to overfit.
 COUNTING_MODELS = {"pop"}
@@ -18,9 +18,7 @@ COUNTING_MODELS = {"pop"}
 
 def make(name: str) -> SequentialRecommender:
     torch.manual_seed(0)
-    values = {k: v for k, v in TINY_CONFIGS[name].items() if k not in ("num_items", "num_users")}
-    config = build_model_config({"name": name, **values}, num_items=NUM_ITEMS, num_users=NUM_USERS)
-    return build_model(config)
+    return tiny_model(name)
 
 
 @pytest.fixture(params=MODELS.names())

@@ -12,11 +12,11 @@ from torch import Tensor
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError
 from seqrec.losses import bpr
-from seqrec.models import ScoringRecommender, build_model, build_model_config
+from seqrec.models import ScoringRecommender, build_model_config
 from seqrec.models.fism import FISM
 from seqrec.models.fpmc import FPMC
 from seqrec.models.transrec import TransRec, TransRecConfig
-from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS
+from tests.tiny import NUM_ITEMS, NUM_USERS, tiny_model
 
 FIRST_ORDER = [
     ("fmc", {}),
@@ -28,11 +28,7 @@ FIRST_ORDER = [
 
 def make(name: str, **changes: object) -> ScoringRecommender:
     torch.manual_seed(0)
-    values = {k: v for k, v in TINY_CONFIGS[name].items() if k not in ("num_items", "num_users")}
-    config = build_model_config(
-        {"name": name, **values, **changes}, num_items=NUM_ITEMS, num_users=NUM_USERS
-    )
-    model = build_model(config)
+    model = tiny_model(name, **changes)
     assert isinstance(model, ScoringRecommender)
     return model.eval()
 

@@ -15,15 +15,11 @@ from seqrec.models.tiger import TIGER, sequential_codes
 from seqrec.nn.beam_search import constrained_beam_search
 from seqrec.nn.code_trie import CodeTrie
 from seqrec.nn.trie_encodings import TrieRelativeBias
-from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS
+from tests.tiny import NUM_ITEMS, tiny_model
 
 
 def make(name: str = "tiger", **changes: object) -> TIGER:
-    values = {k: v for k, v in TINY_CONFIGS[name].items() if k not in ("num_items", "num_users")}
-    config = build_model_config(
-        {"name": name, **values, **changes}, num_items=NUM_ITEMS, num_users=NUM_USERS
-    )
-    model = build_model(config)
+    model = tiny_model(name, **changes)
     assert isinstance(model, TIGER)
     return model.eval()
 
