@@ -37,9 +37,10 @@ from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.batches import left_padded
 from seqrec.data.prepare import prepare
 from seqrec.models.tiger import TIGER
-from seqrec.tokenizers import format_report
+from seqrec.tokenizers import SemanticIds, format_report
+from seqrec.training.checkpoint import load_run
 from seqrec.training.run import train_experiment
-from seqrec.training.semantic_ids import SEMANTIC_IDS, fit_semantic_ids
+from seqrec.training.semantic_ids import SEMANTIC_IDS, RunSemanticIds, fit_semantic_ids
 
 DATASETS = {"beauty": "amazon-beauty", "ml-1m": "ml-1m"}
 PROTOCOL = ["data.max_history=20", "eval.ks=[5,10]", "eval.protocol=full", "eval.filter_seen=true"]
@@ -80,8 +81,6 @@ def decoding_throughput(
     run_dir: Path, dataset: str, data_dir: str | None, users: int, reference_users: int
 ) -> dict[str, Any]:
     """Users per second of the batched beam search and of the per-user reference."""
-    from seqrec.training.checkpoint import load_run
-
     run = load_run(run_dir)
     model = run.model
     assert isinstance(model, TIGER)
@@ -164,10 +163,7 @@ def main() -> None:
             )
             data = prepare(config.data, args.data_dir)
             ids, tokenizer = fit_semantic_ids(config.tokenizer, data, args.data_dir)
-            ids.save(folder)
-            tokenizer.save(folder / "tokenizer.pt")
-        from seqrec.tokenizers import SemanticIds
-
+            RunSemanticIds(ids, tokenizer, loaded_from=None).save(out / short)
         print(f"semantic IDs for {short} ({args.tokenizer}):")
         print(format_report(SemanticIds.load(folder).report()))
         generative = [*common, *size, f"tokenizer.from_run={folder}"]

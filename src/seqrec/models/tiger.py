@@ -127,7 +127,7 @@ class TIGER(SequentialRecommender):
     config_class = TIGERConfig
     config: TIGERConfig
     item_codes: Tensor  # (N + 1, M) buffer: the semantic IDs, saved with the weights
-    level_offsets: Tensor  # (M,) token id of each level's code 0
+    level_offsets: Tensor  # (M,) ``offsets`` as a buffer on the model's device
 
     def __init__(self, config: TIGERConfig) -> None:
         super().__init__(config)
@@ -139,8 +139,9 @@ class TIGER(SequentialRecommender):
         c, sizes = config, config.codebook_sizes
         self.num_levels = len(sizes)
         self.vocab_size = max(sizes)  # V: the width of a level's log-probabilities
-        offsets = [2 + sum(sizes[:level]) for level in range(self.num_levels)]
-        self.register_buffer("level_offsets", torch.tensor(offsets), persistent=False)
+        # Token ids: 0 padding, 1 BOS, then each level's codes, then the user tokens.
+        self.offsets = [2 + sum(sizes[:level]) for level in range(self.num_levels)]
+        self.register_buffer("level_offsets", torch.tensor(self.offsets), persistent=False)
         self.user_offset = 2 + sum(sizes)
         vocab = self.user_offset + (c.user_buckets + 1 if c.user_buckets else 0)
         self.embedding = nn.Embedding(vocab, c.hidden_size, padding_idx=PAD_ID)
@@ -270,8 +271,7 @@ class TIGER(SequentialRecommender):
     def level_logits(self, hidden: Tensor, level: int) -> Tensor:
         """(..., D) decoder output -> (..., C_level) logits of level ``level``'s codes
         (0-based), with the tied output embedding."""
-        sizes = self.config.codebook_sizes
-        start, size = 2 + sum(sizes[:level]), sizes[level]
+        start, size = self.offsets[level], self.config.codebook_sizes[level]
         weight = self.embedding.weight[start : start + size]
         return (hidden * self.config.hidden_size**-0.5) @ weight.T
 
