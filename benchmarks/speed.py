@@ -1,11 +1,14 @@
-"""SASRec training and evaluation speed on ML-1M at the paper's settings, on this machine.
+"""SASRec training and evaluation speed on ML-1M with the shipped configs, on this machine:
+``bce`` is configs/ml-1m_sasrec.yaml (the paper's settings), ``ce`` configs/ml-1m_sasrec-ce.yaml
+(SASRec+).
 
 An epoch is one pass over every user's training sequence with the loss on every position
 (the SASRec paper's definition). Each variant runs in its own process so that its peak memory
-(max RSS) is its own. Prints a table and one JSON line per variant.
+(max RSS) is its own. Prints a table and one JSON line per variant and batching: random
+batches (the default, as the reference code trains) and length-bucketed batches (less padding).
 
     .venv/bin/python benchmarks/speed.py --data-dir ../shared/data
-    .venv/bin/python benchmarks/speed.py --variants bce --epochs 4 --threads 2
+    .venv/bin/python benchmarks/speed.py --variants bce --batching random --epochs 4 --threads 2
 """
 
 from __future__ import annotations
@@ -16,28 +19,23 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    # The paper's ML-1M settings: d=50, n=200, 2 blocks, 1 head, batch 128, BCE.
-    "bce": {
-        "name": "sasrec",
-        "hidden_size": 50,
-        "max_seq_len": 200,
-        "num_layers": 2,
-        "num_heads": 1,
-        "dropout": 0.2,
-        "loss": "bce",
-    },
-}
-VARIANTS["ce"] = {**VARIANTS["bce"], "loss": "ce"}  # the same model with full softmax CE
+REPO = Path(__file__).resolve().parents[1]
+# The model sections of the shipped configs: the paper's ML-1M settings (BCE, one negative)
+# and SASRec+ (full softmax CE).
+VARIANTS = {"bce": "ml-1m_sasrec", "ce": "ml-1m_sasrec-ce"}
+BATCHING = ("random", "length_buckets")  # train.batching
 
 
-def measure(variant: str, epochs: int, data_dir: str | None, threads: int | None) -> dict[str, Any]:
+def measure(
+    variant: str, batching: str, epochs: int, data_dir: str | None, threads: int | None
+) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from seqrec.config import DataConfig, EvalConfig, experiment_from_raw
+    from seqrec.config import DataConfig, EvalConfig, experiment_from_raw, load_raw
     from seqrec.data.prepare import prepare
     from seqrec.evaluation import evaluate_model
     from seqrec.models import build_model, build_model_config
@@ -46,9 +44,11 @@ def measure(variant: str, epochs: int, data_dir: str | None, threads: int | None
     if threads is not None:
         torch.set_num_threads(threads)
     data = prepare(DataConfig(dataset="ml-1m"), data_dir)
+    shipped = load_raw(REPO / "configs" / f"{VARIANTS[variant]}.yaml")
     torch.manual_seed(0)
-    model = build_model(build_model_config(VARIANTS[variant], num_items=data.num_items))
-    config = experiment_from_raw({"train": {"batch_size": 128, "progress": False, "device": "cpu"}})
+    model = build_model(build_model_config(shipped["model"], num_items=data.num_items))
+    train = {**shipped["train"], "batching": batching, "progress": False, "device": "cpu"}
+    config = experiment_from_raw({"train": train})
     trainer = Trainer(model, data, config)
     from seqrec.training.loop import epoch_seeds, train_one_epoch
 
@@ -70,6 +70,7 @@ def measure(variant: str, epochs: int, data_dir: str | None, threads: int | None
         evaluation[protocol] = (time.perf_counter() - start, result.num_users)
     return {
         "variant": variant,
+        "batching": batching,
         "threads": torch.get_num_threads(),
         "epoch_seconds": float(np.median(timed)),
         "epoch_seconds_all": [round(s, 2) for s in seconds],
@@ -85,35 +86,40 @@ def measure(variant: str, epochs: int, data_dir: str | None, threads: int | None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--batching", nargs="+", default=list(BATCHING), choices=list(BATCHING))
     parser.add_argument("--epochs", type=int, default=3, help="epochs per variant (1st is warm-up)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.epochs, args.data_dir, args.threads)))
+        batching = args.batching[0]
+        print(json.dumps(measure(args.child, batching, args.epochs, args.data_dir, args.threads)))
         return
     rows = []
     for variant in args.variants:
-        command = [sys.executable, __file__, "--child", variant, "--epochs", str(args.epochs)]
-        if args.data_dir:
-            command += ["--data-dir", args.data_dir]
-        if args.threads:
-            command += ["--threads", str(args.threads)]
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
-        print(json.dumps(rows[-1]), flush=True)
+        for batching in args.batching:
+            command = [sys.executable, __file__, "--child", variant, "--batching", batching]
+            command += ["--epochs", str(args.epochs)]
+            if args.data_dir:
+                command += ["--data-dir", args.data_dir]
+            if args.threads:
+                command += ["--threads", str(args.threads)]
+            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
     print(
-        f"\nSASRec on ML-1M (d=50, n=200, 2 blocks, 1 head, batch 128), "
+        f"\nSASRec on ML-1M, bce: configs/ml-1m_sasrec.yaml, ce: configs/ml-1m_sasrec-ce.yaml, "
         f"{rows[0]['threads']} threads"
     )
     print(
-        f"{'loss':<5} {'s/epoch':>8} {'targets/s':>10} {'eval full s':>12} {'eval sampled s':>15}"
-        f" {'peak GiB':>9}"
+        f"{'loss':<5} {'batching':<15} {'s/epoch':>8} {'targets/s':>10} {'eval full s':>12}"
+        f" {'eval sampled s':>15} {'peak GiB':>9}"
     )
     for r in rows:
         print(
-            f"{r['variant']:<5} {r['epoch_seconds']:>8.2f} {r['targets_per_second']:>10,.0f} "
+            f"{r['variant']:<5} {r['batching']:<15} {r['epoch_seconds']:>8.2f} "
+            f"{r['targets_per_second']:>10,.0f} "
             f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
             f"{r['peak_rss_gib']:>9.2f}"
         )

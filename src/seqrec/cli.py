@@ -92,8 +92,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from seqrec.training.run import config_for_resume, train_experiment
 
     out = Path(args.out)
-    if args.config is None and not args.set and args.resume:
-        config = config_for_resume(out)
+    if args.config is None and args.resume:
+        config = config_for_resume(out, args.set or [])
     elif args.config is None:
         raise ConfigError("train needs --config FILE (or --resume of an existing --out)")
     else:

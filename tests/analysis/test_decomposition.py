@@ -21,7 +21,9 @@ ATOL = 1e-5
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.3, 0.0])
-@pytest.mark.parametrize("changes", [{}, {"num_heads": 1}, {"residual": False}])
+@pytest.mark.parametrize(
+    "changes", [{}, {"num_heads": 1}, {"residual": False}, {"layout": "reference"}], ids=str
+)
 def test_components_sum_to_what_the_block_computed(
     batch: SeqBatch, alpha: float, changes: dict[str, object]
 ) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from seqrec.batch import PAD_ID, BatchNeeds
+from seqrec.config import Batching
 from seqrec.data.batches import TrainBatches, target_counts
 from seqrec.data.sequences import Sequences
 
@@ -13,10 +14,14 @@ ROWS = [[1, 2, 3, 4], [2, 3], [5], [3, 1, 2, 3, 6, 2], [4, 2, 7]]
 NUM_ITEMS = 9  # items 8 and 9 never occur
 
 
-def make(needs: BatchNeeds, max_seq_len: int = 4, batch_size: int = 2) -> TrainBatches:
+def make(
+    needs: BatchNeeds, max_seq_len: int = 4, batch_size: int = 2, batching: Batching = "random"
+) -> TrainBatches:
     sequences = Sequences.from_lists(ROWS)
     users = np.arange(len(ROWS), dtype=np.int64) + 10
-    return TrainBatches(sequences, users, NUM_ITEMS, max_seq_len, batch_size, needs=needs)
+    return TrainBatches(
+        sequences, users, NUM_ITEMS, max_seq_len, batch_size, needs=needs, batching=batching
+    )
 
 
 def test_inputs_labels_and_users() -> None:
@@ -33,8 +38,9 @@ def test_inputs_labels_and_users() -> None:
     assert batch.same_target_ids is None
 
 
-def test_an_epoch_covers_every_trainable_row_once() -> None:
-    batches = make(BatchNeeds())
+@pytest.mark.parametrize("batching", ["random", "length_buckets"])
+def test_an_epoch_covers_every_trainable_row_once(batching: Batching) -> None:
+    batches = make(BatchNeeds(), batching=batching)
     seen = sorted(u - 10 for b in batches.epoch(np.random.default_rng(1)) for u in b.users.tolist())  # type: ignore[union-attr]
     assert seen == [0, 1, 3, 4]  # the one-item row has no target
     assert batches.num_targets == 3 + 1 + 4 + 2  # row 3 capped at max_seq_len
@@ -166,3 +172,22 @@ def test_prefix_examples_are_every_training_position_once() -> None:
     assert sorted(examples) == sorted(expected)
     assert batches.num_targets == len(expected) == len(examples)
     assert len(batches) == -(-len(expected) // 4)
+
+
+def _batch_lengths(batching: Batching, seed: int) -> list[list[int]]:
+    rows = [list(range(1, n + 1)) for n in range(2, 42)]  # 40 users of lengths 2..41
+    sequences = Sequences.from_lists(rows)
+    users = np.arange(len(rows), dtype=np.int64)
+    batches = TrainBatches(sequences, users, 50, 64, 5, batching=batching)
+    epoch = batches.epoch(np.random.default_rng(seed))
+    return [sorted(int(n) + 2 for n in b.users.tolist()) for b in epoch]  # type: ignore[union-attr]
+
+
+def test_length_buckets_group_alike_lengths_and_random_batches_do_not() -> None:
+    bucketed = _batch_lengths("length_buckets", seed=0)
+    # 40 users in one bucket of 8 batches: each batch is a run of 5 consecutive lengths.
+    assert all(b[-1] - b[0] == 4 for b in bucketed)
+    assert sorted(n for b in bucketed for n in b) == list(range(2, 42))
+    random = _batch_lengths("random", seed=0)
+    assert sorted(n for b in random for n in b) == list(range(2, 42))
+    assert max(b[-1] - b[0] for b in random) > 20  # mixed lengths

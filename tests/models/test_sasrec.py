@@ -34,8 +34,13 @@ def test_causal_future_items_do_not_change_the_past(batch: SeqBatch) -> None:
     assert not torch.allclose(before[:, t:], after[:, t:])  # the future itself did change
 
 
-def test_padding_invariance_extra_left_padding_changes_nothing(batch: SeqBatch) -> None:
-    model = build()
+@pytest.mark.parametrize(
+    "changes", [{}, {"layout": "reference"}, {"position_origin": "oldest"}], ids=str
+)
+def test_padding_invariance_extra_left_padding_changes_nothing(
+    batch: SeqBatch, changes: dict[str, object]
+) -> None:
+    model = build(**changes)
     padded = F.pad(batch.input_ids, (3, 0), value=PAD_ID)[:, -L:]  # shift right by 3 columns
     short = batch.input_ids[:, 3:]  # the same rows, 3 fewer columns (row 0 loses items)
     rows = (batch.input_ids[:, :3] == PAD_ID).all(dim=1)  # rows with >= 3 padding columns
@@ -81,6 +86,10 @@ def test_positions_are_counted_from_the_right(batch: SeqBatch) -> None:
         {"loss": "sampled_softmax"},
         {"ffn_size": 37},
         {"dropout_placement": "reference"},
+        {"layout": "reference"},
+        {"layout": "reference", "dropout_placement": "reference", "residual": False},
+        {"position_origin": "oldest"},
+        {"init_std": 0.02},
     ],
     ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
 )
@@ -155,9 +164,60 @@ def test_truncates_to_the_most_recent_items(batch: SeqBatch) -> None:
     torch.testing.assert_close(model.score(batch.input_ids), model.score(batch.input_ids[:, -4:]))
 
 
-def test_last_only_scoring_equals_the_full_encoding(batch: SeqBatch) -> None:
-    model = build()
+@pytest.mark.parametrize("changes", [{}, {"layout": "reference"}], ids=str)
+def test_last_only_scoring_equals_the_full_encoding(
+    batch: SeqBatch, changes: dict[str, object]
+) -> None:
+    model = build(**changes)
     hidden, _ = model.encode(batch.input_ids)
     last, _ = model.encode(batch.input_ids, last_only=True)
     assert last.shape == (batch.input_ids.size(0), 1, CONFIG.hidden_size)
     torch.testing.assert_close(last[:, 0], hidden[:, -1])
+
+
+def test_positions_counted_from_the_oldest_item() -> None:
+    """position_origin: oldest gives each row's oldest real item position 0 (SASRec+)."""
+    model = build(position_origin="oldest", max_seq_len=4)
+    ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+    assert model._positions(ids != PAD_ID).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+    # The newest item's position now depends on the history length, unlike the default.
+    with torch.no_grad():
+        model.pos_emb.weight[1] += 10.0  # type: ignore[union-attr]
+    two, three = torch.tensor([[0, 0, 5, 6]]), torch.tensor([[0, 7, 5, 6]])
+    hidden_two, _ = model.encode(two)
+    hidden_three, _ = model.encode(three)
+    assert not torch.allclose(hidden_two[:, -2], hidden_three[:, -2])
+
+
+def test_init_std_draws_every_matrix_from_that_normal() -> None:
+    model = build(init_std=0.02, hidden_size=64, num_heads=1)
+    for name, weight in model.named_parameters():
+        if weight.dim() == 2:
+            rows = (weight[1:] if name.startswith("item_emb") else weight).detach()
+            assert abs(float(rows.std()) - 0.02) < 0.004, name
+    assert float(model.item_emb.weight[PAD_ID].detach().abs().sum()) == 0.0
+
+
+def test_reference_layout_is_kang205s_block(batch: SeqBatch) -> None:
+    """h = LN(x) + Attn(q = LN(x), k = v = x), then LN(h) + FFN(LN(h)), written out by hand."""
+    model = build(layout="reference", num_heads=1)
+    ids = batch.input_ids
+    real = ids != PAD_ID
+    D = CONFIG.hidden_size
+    x = model.item_emb(ids) * D**0.5 + model.pos_emb(torch.arange(L))  # type: ignore[misc]
+    x = x * real.unsqueeze(-1)
+    allowed = torch.tril(torch.ones(L, L, dtype=torch.bool)) & real[:, None, :]
+    for block in model.blocks:
+        q_in = block.ln_attn(x)
+        W, b = block.attn.qkv.weight, block.attn.qkv.bias
+        q = q_in @ W[:D].T + b[:D]
+        k = x @ W[D : 2 * D].T + b[D : 2 * D]
+        v = x @ W[2 * D :].T + b[2 * D :]
+        logits = (q @ k.transpose(1, 2) / D**0.5).masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        h = q_in + block.attn.proj(weights @ v)
+        n = block.ln_ffn(h)
+        x = n + block.ffn.fc2(torch.relu(block.ffn.fc1(n)))
+    expected = model.ln_f(x)
+    hidden, _ = model.encode(ids)
+    torch.testing.assert_close(hidden[real], expected[real])

@@ -290,3 +290,26 @@ def test_a_run_started_before_a_new_config_field_resumes(tmp_path: Path) -> None
         changed = tiny_raw(train={"max_epochs": 1, "init_from": str(run)})
         with pytest.raises(ConfigError, match=r"differs .*\(train\.init_from\)"):
             train_experiment(experiment_from_raw(changed), run, resume=True)
+
+
+def test_a_finished_run_trains_further_with_a_larger_max_epochs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--resume --set train.max_epochs=N`` continues a finished run exactly as if it had
+    been started with N; the new limit is saved, so a later plain --resume trains no more."""
+    raw = tiny_raw(train={"max_epochs": 2, "patience": 100})
+    short = train_isolated(raw, tmp_path / "short", tmp_path / "c")
+    longer = tiny_raw(train={"max_epochs": 4, "patience": 100})
+    full = train_isolated(longer, tmp_path / "full", tmp_path / "c")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path / "c")
+        args = ["train", "--out", str(short), "--resume"]
+        assert main([*args, "--set", "train.max_epochs=4"]) == 0, capsys.readouterr()
+        rows = read_jsonl(short / "metrics.jsonl")
+        assert_rows_close(rows, read_jsonl(full / "metrics.jsonl"), tol=1e-6)
+        assert json.loads((short / "config.json").read_text())["train"]["max_epochs"] == 4
+        assert main(args) == 0
+        assert read_jsonl(short / "metrics.jsonl") == rows
+        # What a run learns per epoch is still fixed: changing it is refused.
+        assert main([*args, "--set", "train.max_epochs=5", "--set", "train.lr=0.5"]) == 2
+        assert "(train.lr)" in one_error_line(capsys.readouterr().err)

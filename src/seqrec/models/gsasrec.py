@@ -10,8 +10,10 @@ generalised BCE, whose positive term is log sigma(s+)^beta with beta = alpha (t 
 is SASRec with the defaults of the authors' ML-1M config (``config_ml1m.py`` and its README):
 d = 128, 2 blocks, 1 head, dropout 0.5, n = 200, k = 256, t = 0.75, and the reference's
 architectural choices, each a SASRec switch: a separate output item embedding
-(``reuse_item_embeddings=False``), no sqrt(d) scaling of the input embeddings, and dropout on
-the attention weights and inside the FFN (``dropout_placement: reference``).
+(``reuse_item_embeddings=False``), no sqrt(d) scaling of the input embeddings, kang205's block
+(``layout: reference``: only the queries are normalised, keys and values come from the
+un-normalised input, and the residual is added to the normalised queries) and dropout on the
+attention weights and inside the FFN (``dropout_placement: reference``).
 
 Differences from the reference code, all deliberate:
 - One set of k negatives per sequence, shared by its positions ((B, S)); the reference draws
@@ -26,10 +28,7 @@ Differences from the reference code, all deliberate:
   invariant to. alpha = k / (N - 1), where the reference has k / (N - 2) (its pool size is
   N - 1 and it subtracts one again). The loss is computed in float32, not float64: the
   softplus form is stable without it.
-- Blocks are the library's SASRec blocks (true pre-LayerNorm, padded keys masked, positions
-  counted from the right). The reference keeps kang205's block: only the queries are
-  normalised, keys and values come from the un-normalised input, and the residual is added
-  to the normalised queries; ``dropout_placement: reference`` reproduces where it drops.
+- Padded keys are masked out of attention, as in every SASRec of the library.
 - Weights start from SASRec's Xavier-normal initialisation, not PyTorch's defaults.
 - An epoch is one pass over the users. The reference calls 100 batches an epoch, validates
   on 512 users after each and stops after 200 such validations without improvement.
@@ -57,6 +56,7 @@ class GSASRecConfig(SASRecConfig):
     dropout: float = 0.5  # dropout_rate of the README's ML-1M config and checkpoints
     # The reference drops the embeddings, the attention weights and after each FFN layer.
     dropout_placement: Literal["paper", "reference"] = "reference"
+    layout: Literal["pre_ln", "reference"] = "reference"  # kang205's block, as the reference
     shared_embedding: bool = False  # reuse_item_embeddings=False: a separate output table
     scale_embedding: bool = False  # the reference does not multiply embeddings by sqrt(d)
     loss: LossName = "gbce"

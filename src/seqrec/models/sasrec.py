@@ -7,16 +7,22 @@ Every switch of the paper's ablation (Table IV) is a config field: positional em
 shared vs unshared item embedding, residual connections, dropout, 0-3 blocks, heads, and the
 explicit user embedding r = (U_u + F_t) . M_i.
 
+Two block layouts. ``layout: pre_ln`` (the default) is the paper's Eq. 4 read as true
+pre-LayerNorm, g'(x) = x + Dropout(g(LN(x))). ``layout: reference`` is the reference code's
+block, which is what produced the paper's numbers: only the queries are normalised (keys and
+values come from the un-normalised input), the attention residual is added to the normalised
+queries, and the FFN residual to the FFN's normalised input. Where dropout goes is a separate
+switch: ``dropout_placement: paper`` (each sublayer's output) or ``reference`` (the attention
+weights and after each FFN layer). The SASRec+ configs (Klenitskiy & Vasilev 2023) use the
+reference layout and placement, N(0, 0.02) initialisation (``init_std``), positions counted
+from the oldest item of the window (``position_origin: oldest``), as their code does.
+
 Differences from the reference implementation, all deliberate:
-- Blocks are true pre-LayerNorm with dropout on each sublayer's output,
-  g'(x) = x + Dropout(g(LN(x))), as the paper writes it (Eq. 4). The reference normalises
-  only the queries, adds the residual to the normalised input, and applies dropout to the
-  attention weights and after each FFN layer instead: ``dropout_placement: reference``.
 - Padded keys are masked out of attention (the reference only zeroes padded embeddings, so
   real positions still attend to zero vectors at padded positions). Outputs at real
   positions therefore do not depend on how much padding a batch has, which lets training
   pad each batch only to its longest sequence.
-- Positions are counted from the right: the newest item always gets position
+- By default positions are counted from the newest item, which always gets position
   max_seq_len - 1, exactly as with the reference's left padding to max_seq_len.
 - The point-wise FFN uses nn.Linear where the reference uses a 1x1 Conv1d (same function).
 - Analysis hooks (not in the reference): ``residual_scale`` (alpha) scales the attention
@@ -59,6 +65,15 @@ class SASRecConfig(ItemLossConfig):
     # "paper": Dropout(g(x)) on each sublayer's output (Eq. 4); "reference": as kang205's
     # code, on the attention weights and after each of the FFN's two layers.
     dropout_placement: Literal["paper", "reference"] = "paper"
+    # "pre_ln": x + g(LN(x)) per sublayer (Eq. 4); "reference": kang205's block, LN on the
+    # queries only and the residual taken from the normalised input (see the module doc).
+    layout: Literal["pre_ln", "reference"] = "pre_ln"
+    # Position 0 is the oldest item of the (up to max_seq_len) window ("oldest", SASRec+'s
+    # right padding) or the newest item is always max_seq_len - 1 ("newest", the reference).
+    position_origin: Literal["newest", "oldest"] = "newest"
+    # None: Xavier-normal weights (the reference); a number: N(0, init_std) for every matrix
+    # and embedding (SASRec+, RecBole, Hugging Face).
+    init_std: float | None = None
     positional_embedding: bool = True
     shared_embedding: bool = True  # False: a second item matrix N scores the output
     residual: bool = True
@@ -79,6 +94,8 @@ class SASRecConfig(ItemLossConfig):
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
+        if self.init_std is not None and not self.init_std > 0:
+            raise ConfigError(f"model.init_std must be positive (or null), got {self.init_std}")
 
 
 class SelfAttention(nn.Module):
@@ -92,16 +109,28 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(
-        self, x: Tensor, mask: Tensor, need_weights: bool = False, last_only: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor,
+        need_weights: bool = False,
+        last_only: bool = False,
+        kv: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """(B, L, D) -> (B, L, D), or (B, 1, D) for the newest position with ``last_only``."""
+        """(B, L, D) -> (B, L, D), or (B, 1, D) for the newest position with ``last_only``.
+
+        Queries come from ``x``; keys and values from ``kv`` when given, else from ``x``.
+        """
         B, _, D = x.shape
         if last_only:  # inference: keys and values for all positions, one query
-            k, v = torch.split(F.linear(x, self.qkv.weight[D:], self.qkv.bias[D:]), D, dim=-1)
+            source = x if kv is None else kv
+            k, v = self.key_values(source)
             q = F.linear(x[:, -1:], self.qkv.weight[:D], self.qkv.bias[:D])
             mask = mask[:, :, -1:]
-        else:
+        elif kv is None:
             q, k, v = self.qkv(x).split(D, dim=-1)
+        else:
+            q = F.linear(x, self.qkv.weight[:D], self.qkv.bias[:D])
+            k, v = self.key_values(kv)
         # (B, L, D) -> (B, H, L, D / H)
         H = self.num_heads
         q, k, v = (t.view(B, -1, H, D // H).transpose(1, 2) for t in (q, k, v))
@@ -111,6 +140,12 @@ class SelfAttention(nn.Module):
         else:
             y = attention(q, k, v, mask, self.dropout, self.training)
         return self.proj(y.transpose(1, 2).reshape(B, -1, D)), weights
+
+    def key_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, L, D) -> keys and values, each (B, L, D)."""
+        D = x.size(-1)
+        k, v = torch.split(F.linear(x, self.qkv.weight[D:], self.qkv.bias[D:]), D, dim=-1)
+        return k, v
 
 
 class FeedForward(nn.Module):
@@ -133,16 +168,17 @@ class FeedForward(nn.Module):
 class AttentionRecord:
     """What one block computed on its attention sublayer, for analysis (``encode(trace=...)``).
 
-    The block is pre-LN: ``y = alpha * x + Attn(LN_attn(x))``, and the LayerNorm that follows
-    the residual sum is the FFN sublayer's input norm, ``ln_ffn(y)``. The residual stream
-    carries ``y`` on; ``ln_ffn(y)`` is what the FFN reads. Tensors are the ones the model used
-    (no copies); ``attn`` and ``ln`` are the block's own modules (weights by reference).
+    The sublayer computes ``y = alpha * x + Attn(...)``, where ``x`` is the residual branch:
+    the block input in the pre-LN layout, the normalised queries LN_attn(input) in the
+    reference layout. The LayerNorm that follows the residual sum is the FFN sublayer's input
+    norm, ``ln_ffn(y)``, which the FFN reads. Tensors are the ones the model used (no
+    copies); ``attn`` and ``ln`` are the block's own modules (weights by reference).
     """
 
-    x: Tensor  # (B, L, D) block input: the residual branch
-    attn_input: Tensor  # (B, L, D) LN_attn(x): queries, keys and values are computed from it
+    x: Tensor  # (B, L, D) the attention sublayer's residual branch
+    attn_input: Tensor  # (B, L, D) LN_attn(block input): the queries are computed from it
     weights: Tensor  # (B, H, L, L) attention weights (rows: queries, columns: keys)
-    values: Tensor  # (B, H, L, D / H) value vectors LN_attn(x) W_V + b_V, per head
+    values: Tensor  # (B, H, L, D / H) value vectors, per head
     attn_output: Tensor  # (B, L, D) Attn(x) = concat_h(weights_h @ values_h) W_O^T + b_O
     residual_scale: float  # alpha, 0.0 when the model has no residual connections
     pre_ln: Tensor  # (B, L, D) y = alpha * x + Attn(x), the residual sum
@@ -154,6 +190,7 @@ class AttentionRecord:
 class Block(nn.Module):
     """Pre-LN: x + Dropout(Attn(LN(x))), then x + Dropout(FFN(LN(x))) (paper, Eq. 4).
 
+    The reference layout: h = LN(x) + Attn(q = LN(x), kv = x), then LN(h) + FFN(LN(h)).
     With ``dropout_placement: reference`` the two outer dropouts are off and the attention
     weights and FFN layers drop instead, as in the reference code. ``residual_scale`` (alpha)
     multiplies the attention sublayer's residual branch only; the FFN residual is untouched.
@@ -162,6 +199,7 @@ class Block(nn.Module):
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
         self.residual = config.residual
+        self.reference_layout = config.layout == "reference"
         self.ln_attn = nn.LayerNorm(config.hidden_size)
         self.attn = SelfAttention(config)
         self.ln_ffn = nn.LayerNorm(config.hidden_size)
@@ -179,41 +217,48 @@ class Block(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         attn_input = self.ln_attn(x)
         need_weights = need_weights or trace is not None
-        attended, weights = self.attn(attn_input, mask, need_weights, last_only)
+        # The reference layout reads keys and values from the un-normalised input and adds
+        # the attention residual to the normalised queries.
+        kv_input = x if self.reference_layout else attn_input
+        branch = attn_input if self.reference_layout else x
+        attended, weights = self.attn(attn_input, mask, need_weights, last_only, kv=kv_input)
         attended = self.dropout(attended)
         if last_only:
-            x = x[:, -1:]
-        residual = x if residual_scale == 1.0 else residual_scale * x
+            branch = branch[:, -1:]
+        residual = branch if residual_scale == 1.0 else residual_scale * branch
         y = residual + attended if self.residual else attended
         normed = self.ln_ffn(y)
         if trace is not None:
             assert weights is not None
-            trace.append(self._record(x, attn_input, weights, attended, residual_scale, y, normed))
+            values = self.attn.key_values(kv_input)[1]
+            trace.append(
+                self._record(
+                    branch, attn_input, values, weights, attended, residual_scale, y, normed
+                )
+            )
         fed = self.dropout(self.ffn(normed))
-        x = y + fed if self.residual else fed
+        ffn_branch = normed if self.reference_layout else y
+        x = ffn_branch + fed if self.residual else fed
         return x, weights
 
     def _record(
         self,
-        x: Tensor,
+        branch: Tensor,
         attn_input: Tensor,
+        values: Tensor,
         weights: Tensor,
         attended: Tensor,
         residual_scale: float,
         y: Tensor,
         normed: Tensor,
     ) -> AttentionRecord:
-        B, L, D = x.shape
+        B, L, D = branch.shape
         H = self.attn.num_heads
-        qkv = self.attn.qkv
-        # The value projection alone (the attention call does not return it): (B, H, L, D / H)
-        values = F.linear(attn_input, qkv.weight[2 * D :], qkv.bias[2 * D :])
-        values = values.view(B, L, H, D // H).transpose(1, 2)
         return AttentionRecord(
-            x=x,
+            x=branch,
             attn_input=attn_input,
             weights=weights,
-            values=values,
+            values=values.view(B, L, H, D // H).transpose(1, 2),
             attn_output=attended,
             residual_scale=residual_scale if self.residual else 0.0,
             pre_ln=y,
@@ -260,12 +305,14 @@ class SASRec(ScoringRecommender):
             raise ValueError(f"residual_scale must be a finite number, got {value}")
         self._residual_scale = float(value)
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
+    def _init_weights(self, module: nn.Module) -> None:
         # Xavier-normal for matrices as in the reference (pmixer: xavier_normal_ on every
-        # weight); LayerNorm keeps its ones/zeros; the padding row stays zero.
+        # weight) or N(0, init_std); LayerNorm keeps its ones/zeros; the padding row stays zero.
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.xavier_normal_(module.weight)
+            if self.config.init_std is None:
+                nn.init.xavier_normal_(module.weight)
+            else:
+                nn.init.normal_(module.weight, 0.0, self.config.init_std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
             if isinstance(module, nn.Embedding) and module.padding_idx is not None:
@@ -299,17 +346,12 @@ class SASRec(ScoringRecommender):
                 "encode(trace=...) needs eval mode and all positions (last_only=False)"
             )
         input_ids = input_ids[:, -self.config.max_seq_len :]
-        L = input_ids.size(1)
         x = self.item_emb(input_ids)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * self.config.hidden_size**0.5
-        if self.pos_emb is not None:
-            # Right-aligned positions: the newest item is always max_seq_len - 1.
-            positions = torch.arange(
-                self.config.max_seq_len - L, self.config.max_seq_len, device=x.device
-            )
-            x = x + self.pos_emb(positions)
         real = input_ids != PAD_ID  # (B, L)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(self._positions(real))
         x = self.emb_dropout(x) * real.unsqueeze(-1)
         mask = attention_mask(real, causal=True)  # (B, 1, L, L)
         weights: list[Tensor] = []
@@ -319,6 +361,16 @@ class SASRec(ScoringRecommender):
             if w is not None and need_weights:
                 weights.append(w)
         return self.ln_f(x), weights
+
+    def _positions(self, real: Tensor) -> Tensor:
+        """Position indices for left-padded rows: (L,) counted from the newest item, which is
+        always max_seq_len - 1, or (B, L) counted from each row's oldest item (0)."""
+        if self.config.position_origin == "oldest":
+            return (real.cumsum(dim=1) - 1).clamp(min=0)
+        L = real.size(1)
+        return torch.arange(
+            self.config.max_seq_len - L, self.config.max_seq_len, device=real.device
+        )
 
     def _user_vector(self, users: Tensor | None) -> Tensor | None:
         """(B, D) U_u for the model with a user embedding; None otherwise."""

@@ -188,6 +188,7 @@ class Trainer:
             max_seq_len=model.config.max_seq_len,
             batch_size=config.train.batch_size,
             needs=model.batch_needs,
+            batching=config.train.batching,
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
@@ -209,6 +210,9 @@ class Trainer:
         if self.optimizer is not None and saved["optimizer"] is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
         self.state = TrainingState(**saved["state"])
+        # The stopping settings may have changed since (a finished run resumed with a larger
+        # train.max_epochs or patience trains on); unchanged settings give the saved verdict.
+        self.state.finished = self._stop_reason() is not None
         torch.set_rng_state(saved["rng"]["torch"])
         logger.info("resumed from %s after epoch %d", self.run_dir, self.state.epoch)
         return True
@@ -249,6 +253,18 @@ class Trainer:
         self.state.history.append(row)
         self.on_epoch_end(row)
 
+    def _stop_reason(self) -> str | None:
+        """Why training is over after the epochs completed so far, or None."""
+        train, state = self.config.train, self.state
+        if state.epochs_without_improvement >= train.patience:
+            return f"{train.monitor} did not improve for {train.patience} epochs (early stop)"
+        if state.epoch >= train.max_epochs:
+            return f"train.max_epochs {train.max_epochs} reached"
+        budget = train.time_budget_minutes
+        if budget is not None and state.elapsed_seconds >= 60.0 * budget:
+            return f"time budget of {budget:g} minutes reached"
+        return None
+
     def fit(self) -> FitResult:
         train = self.config.train
         started = time.perf_counter()
@@ -277,16 +293,9 @@ class Trainer:
             metrics = self.validate() if validate else None
             self.state.elapsed_seconds += time.perf_counter() - epoch_started
             self._record(epoch, stats, metrics)
-            if self.state.epochs_without_improvement >= train.patience:
-                logger.info(
-                    "early stop: %s did not improve for %d epochs", train.monitor, train.patience
-                )
-                self.state.finished = True
-            if epoch == train.max_epochs:
-                self.state.finished = True
-            budget = train.time_budget_minutes
-            if budget is not None and self.state.elapsed_seconds >= 60.0 * budget:
-                logger.info("time budget of %g minutes reached after epoch %d", budget, epoch)
+            reason = self._stop_reason()
+            if reason is not None:
+                logger.info("training stops after epoch %d: %s", epoch, reason)
                 self.state.finished = True
             self._checkpoint(numpy_rng)
         self.model.load_state_dict(self.best_weights)

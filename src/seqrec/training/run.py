@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from seqrec.config import (
     ExperimentConfig,
     SplitChoice,
     experiment_from_raw,
+    set_dotted,
 )
 from seqrec.data.prepare import prepare
 from seqrec.data.schema import DataError
@@ -80,6 +81,13 @@ def _resolved(
     return loaded
 
 
+# Train settings a resumed run may change: they decide how long and where it trains, not what
+# it learns per epoch (``--resume --set train.max_epochs=400`` trains a finished run further).
+RESUME_FREE_TRAIN_FIELDS = frozenset(
+    {"max_epochs", "patience", "time_budget_minutes", "num_threads", "progress", "device"}
+)
+
+
 def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, Any]) -> None:
     saved = read_config(run_dir)
     for section in ("data", "model", "train", "eval", "tokenizer"):
@@ -87,10 +95,11 @@ def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, A
         # A field added to seqrec after the run started is absent from its config.json; at its
         # default it changes nothing, so it is no reason to refuse the resume.
         defaults = _field_defaults(config, section)
+        free = RESUME_FREE_TRAIN_FIELDS if section == "train" else frozenset()
         keys = sorted(
             k
             for k in set(theirs) | set(ours)
-            if theirs.get(k, defaults.get(k, _MISSING)) != ours.get(k)
+            if k not in free and theirs.get(k, defaults.get(k, _MISSING)) != ours.get(k)
         )
         if keys:
             raise ConfigError(
@@ -117,14 +126,15 @@ def _field_defaults(config: ExperimentConfig, section: str) -> dict[str, Any]:
     return loaded
 
 
-def config_for_resume(run_dir: Path) -> ExperimentConfig:
-    """The experiment config a run directory was started with."""
+def config_for_resume(run_dir: Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """The experiment config a run directory was started with, with ``--set`` overrides
+    (only ``RESUME_FREE_TRAIN_FIELDS`` may differ when the run is resumed)."""
     raw = read_config(run_dir)
-    config = experiment_from_raw(
-        {k: raw[k] for k in ("data", "train", "eval", "tokenizer") if k in raw}
-    )
-    model = {k: v for k, v in raw["model"].items() if k not in ("num_items", "num_users")}
-    return dataclasses.replace(config, model=model)
+    raw = {k: raw[k] for k in ("data", "model", "train", "eval", "tokenizer") if k in raw}
+    raw["model"] = {k: v for k, v in raw["model"].items() if k not in ("num_items", "num_users")}
+    for override in overrides:
+        set_dotted(raw, override)
+    return experiment_from_raw(raw)
 
 
 def warm_start(model: SequentialRecommender, init_from: str | Path, data: PreparedData) -> None:
@@ -218,8 +228,8 @@ def train_experiment(
         on_epoch_end = tensorboard_callback(run_dir / "tensorboard", on_epoch_end or log_epoch)
     if not started:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_json(resolved, run_dir / CONFIG)
         data.id_map.save(run_dir / ID_MAP)
+    save_json(resolved, run_dir / CONFIG)  # a resume may have changed a free train field
     if semantic_ids is not None:
         semantic_ids.save(run_dir)
     trainer = Trainer(model, data, config, run_dir, on_epoch_end)
