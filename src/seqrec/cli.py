@@ -235,9 +235,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo = run_demo(Path(args.out), data_dir=args.data_dir, epochs=args.epochs)
     print(f"dataset: {demo.dataset} — {demo.why}")
     fit = demo.sasrec.fit
-    print(
-        f"SASRec+CE: {fit.epochs} epochs in {fit.train_seconds:.0f} s (best epoch {fit.best_epoch})"
-    )
+    seconds = fit.history[-1]["elapsed_seconds"] if fit.history else 0.0  # across resumes
+    print(f"SASRec+CE: {fit.epochs} epochs in {seconds:.0f} s (best epoch {fit.best_epoch})")
     print(f"\n{'model':<10} {'protocol':<8} {'HR@10':>7} {'NDCG@10':>8} {'MRR@10':>7}  users")
     for label, result in demo.rows:
         protocol = result.protocol.split(":")[0].split(" ")[0]
@@ -249,7 +248,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\nprotocols:")
     for protocol in dict.fromkeys(result.protocol for _, result in demo.rows):
         print(f"  {protocol}")
-    print(f"run directories: {args.out}/sasrec, {args.out}/pop")
+    print(f"run directories: {', '.join(str(d) for d in demo.run_dirs)}")
     return 0
 
 

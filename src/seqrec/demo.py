@@ -2,12 +2,16 @@
 
 ML-1M when it is available (data directory, cache or download), else the built-in
 synthetic dataset; the caller is told which and why. PopRec is trained alongside as the
-sanity baseline. A rerun with the same output folder resumes instead of starting over.
+sanity baseline. A rerun with the same output folder resumes instead of starting over; each
+run's folder is named after a digest of its config, so a demo whose schedule has changed
+(another seqrec version, ``--epochs``) trains anew beside the old runs instead of refusing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +55,7 @@ class DemoResult:
     why: str
     rows: list[tuple[str, EvalResult]]  # (model label, result) for each protocol
     sasrec: TrainOutcome
+    run_dirs: list[Path]  # SASRec's, PopRec's
 
 
 def demo_config(dataset: str, epochs: int | None = None) -> ExperimentConfig:
@@ -65,17 +70,24 @@ def demo_config(dataset: str, epochs: int | None = None) -> ExperimentConfig:
     return experiment_from_raw(raw)
 
 
+def run_dir(out: Path, label: str, config: ExperimentConfig) -> Path:
+    """``out/<label>-<first 10 hex digits of the config's sha256>``."""
+    text = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+    return out / f"{label}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
 def run_demo(
     out: Path, *, data_dir: str | Path | None = None, epochs: int | None = None
 ) -> DemoResult:
     dataset, why = resolve_default_dataset(data_dir)
     logger.info("demo dataset: %s — %s", dataset, why)
     config = demo_config(dataset, epochs)
-    sasrec = train_experiment(config, out / "sasrec", data_dir=data_dir, resume=True)
     pop_config = dataclasses.replace(
         config, model={"name": "pop"}, train=dataclasses.replace(config.train, max_epochs=1)
     )
-    pop = train_experiment(pop_config, out / "pop", data_dir=data_dir, resume=True)
+    run_dirs = [run_dir(out, "sasrec", config), run_dir(out, "pop", pop_config)]
+    sasrec = train_experiment(config, run_dirs[0], data_dir=data_dir, resume=True)
+    pop = train_experiment(pop_config, run_dirs[1], data_dir=data_dir, resume=True)
     sampled = EvalConfig(protocol="sampled")
     rows = [
         ("SASRec+CE", sasrec.test),
@@ -83,4 +95,4 @@ def run_demo(
         ("SASRec+CE", evaluate_model(sasrec.model, sasrec.data, sampled)),
         ("PopRec", evaluate_model(pop.model, pop.data, sampled)),
     ]
-    return DemoResult(dataset=dataset, why=why, rows=rows, sasrec=sasrec)
+    return DemoResult(dataset=dataset, why=why, rows=rows, sasrec=sasrec, run_dirs=run_dirs)
