@@ -194,7 +194,7 @@ def evaluate_model(
     device: torch.device | str = "cpu",
 ) -> EvalResult:
     """Evaluate ``model`` on the test (or validation) users of ``data``."""
-    eval_set = data.split.test if split == "test" else data.split.valid
+    eval_set = data.eval_set(split)
     return evaluate(
         model,
         eval_set,

@@ -83,7 +83,7 @@ def depth_curve(
 ) -> list[dict[str, Any]]:
     """One row per depth: NDCG@10, Recall@10/20 with CI half-widths (and, for RecRec, the
     mean pairwise interest cosine). The model's config is restored afterwards."""
-    eval_set = data.split.test if split == "test" else data.split.valid
+    eval_set = data.eval_set(split)
     config = dataclasses.replace(eval_config, ks=(10, 20))
     original = model.config
     rows: list[dict[str, Any]] = []

@@ -38,8 +38,8 @@ from seqrec.analysis.residual import (
 )
 from seqrec.analysis.tables import markdown_table, write_json, write_table
 from seqrec.config import EvalConfig
-from seqrec.data.sequences import EvalSet, PreparedData
-from seqrec.evaluation import EvalResult, evaluate
+from seqrec.data.sequences import PreparedData
+from seqrec.evaluation import evaluate_model
 from seqrec.models.base import SequentialRecommender
 
 logger = logging.getLogger(__name__)
@@ -150,25 +150,6 @@ def split_note(data: PreparedData) -> str:
     )
 
 
-def _evaluate(
-    model: SequentialRecommender,
-    data: PreparedData,
-    eval_set: EvalSet,
-    config: EvalConfig,
-    device: str,
-    split: str,
-) -> EvalResult:
-    return evaluate(
-        model,
-        eval_set,
-        config,
-        all_sequences=data.sequences,
-        num_items=data.num_items,
-        device=device,
-        split=split,
-    )
-
-
 Progress = Callable[[str], None]
 
 
@@ -253,8 +234,8 @@ def run_residual(
     sweep: dict[float, dict[str, Any]] = {}
     for alpha in sorted(options.alphas, reverse=True):
         with residual_scale(analyzed, alpha):
-            t = _evaluate(model, data, test, config, device, "test")
-            v = _evaluate(model, data, valid, config, device, "valid")
+            t = evaluate_model(model, data, config, split="test", device=device)
+            v = evaluate_model(model, data, config, split="valid", device=device)
             h = last_item_hits(analyzed, test, (1,), max_len=max_len, batch_size=bs, device=device)
             m = (
                 mix

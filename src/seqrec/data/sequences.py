@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from seqrec.config import SplitChoice
 from seqrec.data.idmap import IdMap
 
 IntArray = npt.NDArray[np.int64]
@@ -129,6 +130,10 @@ class PreparedData:
     @property
     def num_users(self) -> int:
         return len(self.sequences)
+
+    def eval_set(self, split: SplitChoice) -> EvalSet:
+        """The test or validation users with their histories and targets."""
+        return self.split.test if split == "test" else self.split.valid
 
     def item_counts(self) -> IntArray:
         """(N + 1,) interactions per internal item id in the training part (index 0 unused)."""
