@@ -13,10 +13,12 @@ histories, for each history length:
   from the model and the inputs. CUDA: ``torch.cuda.max_memory_allocated`` over the
   allocation before the first step.
 
-It also prints the chunked ("fast") selective scan against the sequential reference
-(forward + backward, and the fast forward alone; d_inner 128, N 32, with the fast path's
-chunk plan), Mamba4Rec's incremental ``step`` against re-encoding a 200-item history, and
-the Mamba block alone at batch 128 x length 200 (d 64, N 32).
+It also prints the selective scans against the sequential reference (forward + backward,
+and each forward alone; d_inner 128, N 32): the chunked PyTorch path ("fast", with its chunk
+plan) and the compiled numba kernel ("numba", when installed), Mamba4Rec's incremental
+``step`` against re-encoding a 200-item history, and the Mamba block alone at batch
+128 x length 200 (d 64, N 32) with each scan. Mamba4Rec itself runs with ``scan: auto``:
+the numba kernel when it is installed.
 
 Timings are medians; on a shared machine they move with the other load.
 
@@ -117,10 +119,20 @@ def measure_model(
     }
 
 
+def cpu_scans() -> dict[str, Callable[..., Any]]:
+    """The CPU scans to time: the chunked path, and the numba kernel when installed."""
+    from seqrec.nn.selective_scan import _numba_kernel, selective_scan_fast, selective_scan_numba
+
+    scans: dict[str, Callable[..., Any]] = {"fast": selective_scan_fast}
+    if _numba_kernel() is not None:
+        scans["numba"] = selective_scan_numba
+    return scans
+
+
 def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> dict[str, Any]:
     import torch
 
-    from seqrec.nn.selective_scan import _chunk_plan, selective_scan_fast, selective_scan_reference
+    from seqrec.nn.selective_scan import _chunk_plan, selective_scan_reference
 
     g = torch.Generator().manual_seed(0)
     channels, state = 2 * HIDDEN, 32
@@ -137,12 +149,14 @@ def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> 
 
     steps, rows = _chunk_plan(u, state, None, None)
     row: dict[str, Any] = {"length": length, "batch_size": batch_size, "chunk": [steps, rows]}
-    row["fast_s"] = timed(run(selective_scan_fast), repeats)
-    with torch.no_grad():
-        row["fast_forward_s"] = timed(lambda: selective_scan_fast(*args), repeats)
+    for name, scan in cpu_scans().items():
+        row[f"{name}_s"] = timed(run(scan), repeats)
+        with torch.no_grad():
+            row[f"{name}_forward_s"] = timed(lambda scan=scan: scan(*args), repeats)
     if length <= reference_max:
         row["reference_s"] = timed(run(selective_scan_reference), 1)
-        row["speedup"] = row["reference_s"] / row["fast_s"]
+        for name in cpu_scans():
+            row[f"{name}_speedup"] = row["reference_s"] / row[f"{name}_s"]
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
 
@@ -165,28 +179,26 @@ def incremental_row(users: int, repeats: int) -> dict[str, Any]:
 
 
 def measure_block(repeats: int) -> dict[str, Any]:
-    """The Mamba block alone (in_proj, conv, scan, gate, out_proj), batch 128 x length 200."""
+    """The Mamba block alone (in_proj, conv, scan, gate, out_proj), batch 128 x length 200,
+    with each CPU scan."""
     import torch
 
     from seqrec.models.mamba4rec import Mamba4RecConfig, MambaBlock
 
     torch.manual_seed(0)
-    config = Mamba4RecConfig(num_items=NUM_ITEMS, hidden_size=HIDDEN, state_size=32, scan="fast")
+    config = Mamba4RecConfig(num_items=NUM_ITEMS, hidden_size=HIDDEN, state_size=32)
     block = MambaBlock(config)
     x = torch.randn(128, 200, HIDDEN, requires_grad=True)
     real = torch.ones(128, 200, dtype=torch.bool)
 
-    def step() -> None:
+    def step(scan: str) -> None:
         block.zero_grad(set_to_none=True)
-        block(x, real, "fast", False, False)[0].sum().backward()
+        block(x, real, scan, False, False)[0].sum().backward()
 
-    return {
-        "batch_size": 128,
-        "length": 200,
-        "hidden": HIDDEN,
-        "state": 32,
-        "step_s": timed(step, repeats),
-    }
+    result: dict[str, Any] = {"batch_size": 128, "length": 200, "hidden": HIDDEN, "state": 32}
+    for name in cpu_scans():
+        result[f"{name}_step_s"] = timed(lambda name=name: step(name), repeats)
+    return result
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
@@ -308,27 +320,27 @@ def main() -> None:
             f"{r['one_user_latency_ms']:>10.2f} {r['train_peak_mib']:>9.0f}",
         )
     print(f"\nSelective scan, forward + backward, batch {args.batch_size}, d_inner 128, N 32")
-    header = ("length", "fast s", "reference s", "speedup", "fwd fast s", "steps x rows")
-    print("{:>6} {:>8} {:>12} {:>8} {:>11} {:>13}".format(*header))
+    names = [name for name in ("fast", "numba") if f"{name}_s" in scans[0]]
+    print(f"{'length':>6} {'reference s':>12}", end="")
+    for name in names:
+        print(f" {name + ' s':>9} {'speedup':>8} {'fwd s':>7}", end="")
+    print(f" {'fast chunk':>11}")
     for r in scans:
-        if "reference_s" in r:
-            ref = f"{r['reference_s']:>12.3f} {r['speedup']:>7.1f}x"
-        else:
-            ref = f"{'skipped':>12} {'':>8}"
-        print(
-            f"{r['length']:>6} {r['fast_s']:>8.3f} {ref}",
-            f"{r['fast_forward_s']:>11.3f} {'{} x {}'.format(*r['chunk']):>13}",
-        )
+        ref = f"{r['reference_s']:>12.3f}" if "reference_s" in r else f"{'skipped':>12}"
+        print(f"{r['length']:>6} {ref}", end="")
+        for name in names:
+            speedup = f"{r[name + '_speedup']:>7.1f}x" if "reference_s" in r else f"{'':>8}"
+            print(f" {r[name + '_s']:>9.3f} {speedup} {r[name + '_forward_s']:>7.3f}", end="")
+        print(f" {'{} x {}'.format(*r['chunk']):>11}")
     print("\nMamba4Rec serving: one new item after a 200-item history")
     for r in incremental:
         print(
             f"  {r['users']:>3} user(s): step {r['step_ms']:.2f} ms, re-encode 201 items "
             f"{r['reencode_ms']:.2f} ms ({r['reencode_ms'] / r['step_ms']:.0f}x)"
         )
-    print(
-        f"\nMamba block alone, batch 128 x length 200, d {HIDDEN}, N 32: "
-        f"{block['step_s']:.3f} s per forward + backward (budget 0.86 s)"
-    )
+    print(f"\nMamba block alone, batch 128 x length 200, d {HIDDEN}, N 32 (budget 0.86 s):")
+    for name in names:
+        print(f"  scan {name}: {block[name + '_step_s']:.3f} s per forward + backward")
 
     result = {
         "settings": {

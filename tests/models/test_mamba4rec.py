@@ -127,20 +127,21 @@ def test_last_only_scoring_equals_the_full_encoding(batch: SeqBatch) -> None:
     torch.testing.assert_close(last[:, 0], hidden[:, -1])
 
 
-def test_scan_implementations_agree_on_loss_and_gradients(batch: SeqBatch) -> None:
+@pytest.mark.parametrize("scan", ["fast", "numba"])
+def test_scan_implementations_agree_on_loss_and_gradients(batch: SeqBatch, scan: str) -> None:
     results = []
-    for scan in ("reference", "fast"):
-        model = build(scan=scan, dropout=0.0, num_layers=2)
+    for impl in ("reference", scan):
+        model = build(scan=impl, dropout=0.0, num_layers=2)
         loss = model.train()(batch).loss
         loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         results.append((loss, grads, model.eval().score(batch.input_ids)))
-    (loss_ref, grads_ref, scores_ref), (loss_fast, grads_fast, scores_fast) = results
-    torch.testing.assert_close(loss_fast, loss_ref)
-    torch.testing.assert_close(scores_fast, scores_ref, rtol=1e-4, atol=1e-5)
-    assert grads_fast.keys() == grads_ref.keys()
+    (loss_ref, grads_ref, scores_ref), (loss_other, grads_other, scores_other) = results
+    torch.testing.assert_close(loss_other, loss_ref)
+    torch.testing.assert_close(scores_other, scores_ref, rtol=1e-4, atol=1e-5)
+    assert grads_other.keys() == grads_ref.keys()
     for name, grad in grads_ref.items():
-        torch.testing.assert_close(grads_fast[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(grads_other[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_cuda_scan_without_the_kernel_fails_at_construction(

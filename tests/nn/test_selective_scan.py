@@ -1,19 +1,23 @@
-"""The chunked selective scan and the CUDA kernel against the sequential reference: values
-and gradients, odd sizes, chunk and group boundaries, left padding, extreme decays, float64,
-dispatch."""
+"""The chunked selective scan, the numba CPU kernel and the CUDA kernel against the
+sequential reference: values and gradients, odd sizes, chunk and group boundaries, left
+padding, extreme decays, float64, dispatch, concurrent calls."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import math
+import threading
 from typing import get_args
 
+import numba
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqrec.nn import scan_kernel
 from seqrec.nn import selective_scan as scan_module
 from seqrec.nn.selective_scan import (
     SCANS,
@@ -22,6 +26,7 @@ from seqrec.nn.selective_scan import (
     selective_scan,
     selective_scan_cuda,
     selective_scan_fast,
+    selective_scan_numba,
     selective_scan_reference,
 )
 
@@ -223,16 +228,45 @@ def test_every_implementation_has_an_entry() -> None:
     assert set(get_args(ScanImpl)) == {"auto", *SCANS}
 
 
-def test_auto_on_cpu_picks_fast_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_on_cpu_picks_numba_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     scan_module._log_auto_choice.cache_clear()
     args = [t.detach().float() for t in inputs(2, 3, 5, 4)]
     with caplog.at_level(logging.INFO, logger="seqrec.nn.selective_scan"):
         y, _ = selective_scan(*args, impl="auto")
         selective_scan(*args, impl="auto")
     assert [r.getMessage() for r in caplog.records] == [
-        "selective scan 'auto' uses the 'fast' implementation on cpu"
+        "selective scan 'auto' uses the 'numba' implementation on cpu"
     ]
     torch.testing.assert_close(y, selective_scan(*args, impl="reference")[0])
+
+
+def test_auto_without_numba_picks_fast_and_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    scan_module._log_auto_choice.cache_clear()
+    monkeypatch.setattr(scan_module, "_numba_kernel", lambda: None)
+    args = [t.detach().float() for t in inputs(2, 3, 5, 4)]
+    with caplog.at_level(logging.INFO, logger="seqrec.nn.selective_scan"):
+        y, _ = selective_scan(*args, impl="auto")
+    assert len(caplog.records) == 1
+    assert "uses the 'fast' implementation on cpu" in caplog.records[0].getMessage()
+    assert "pip install 'seqrec[numba]'" in caplog.records[0].getMessage()
+    torch.testing.assert_close(y, selective_scan(*args, impl="reference")[0])
+    with pytest.raises(RuntimeError, match=r"pip install 'seqrec\[numba\]'"):
+        check_scan_impl("numba")
+    scan_module._log_auto_choice.cache_clear()
+
+
+def test_auto_falls_back_to_fast_where_the_kernel_does_not_apply() -> None:
+    """float64, or a positive A (growth, not decay): auto takes the chunked path and matches."""
+    args = [t.detach() for t in inputs(2, 3, 6, 4)]
+    y, _ = selective_scan(*args, impl="auto")
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, selective_scan_reference(*args)[0], rtol=1e-12, atol=1e-12)
+    u, delta, A, B, C, D = (t.float() for t in args)
+    grows = [u, delta * 0.1, A.abs() * 0.1, B, C, D]
+    y, _ = selective_scan(*grows, impl="auto")
+    torch.testing.assert_close(y, selective_scan_reference(*grows)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_asking_for_cuda_without_the_kernel_names_the_extra(
@@ -244,8 +278,9 @@ def test_asking_for_cuda_without_the_kernel_names_the_extra(
     args = [t.detach().float() for t in inputs(1, 2, 3, 2)]
     with pytest.raises(RuntimeError, match=r"pip install 'seqrec\[mamba\]'"):
         selective_scan(*args, impl="cuda")
-    check_scan_impl("auto")  # the others never raise
+    check_scan_impl("auto")  # the others never raise here (numba is installed)
     check_scan_impl("fast")
+    check_scan_impl("numba")
 
 
 def test_asking_for_cuda_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,6 +291,116 @@ def test_asking_for_cuda_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) 
     args = [t.detach().float() for t in inputs(1, 2, 3, 2)]
     with pytest.raises(RuntimeError, match="needs CUDA tensors"):
         selective_scan_cuda(*args)
+
+
+@pytest.mark.parametrize(
+    ("batch", "channels", "length", "state"),
+    [(1, 3, 1, 1), (3, 5, 7, 5), (5, 4, 33, 16), (2, 3, 64, 32), (3, 4, 200, 16)],
+)
+def test_numba_matches_reference(batch: int, channels: int, length: int, state: int) -> None:
+    args = inputs(batch, channels, length, state)
+    expected = values_and_grads(selective_scan_reference, args)
+    actual = values_and_grads(selective_scan_numba, float32(args))
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert a.dtype == torch.float32, name
+        assert a.shape == e.shape, name
+        assert_close_scaled(a, e, name)
+
+
+@pytest.mark.parametrize("dt_scale", [1e-4, 30.0])
+def test_numba_extreme_decays_stay_finite_and_match(dt_scale: float) -> None:
+    args = inputs(3, 4, 41, 16, seed=3, dt_scale=dt_scale)
+    expected = values_and_grads(selective_scan_reference, args)
+    actual = values_and_grads(selective_scan_numba, float32(args))
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert_close_scaled(a, e, name)
+
+
+def test_numba_left_padded_gradients_match_reference() -> None:
+    batch, length, pad = 3, 23, torch.tensor([0, 5, 17])
+    real = (torch.arange(length) >= pad[:, None]).double()[:, None, :]  # (B, 1, L)
+    u, delta, A, B, C, D = (t.detach() for t in inputs(batch, 4, length, 5, seed=11))
+    args = [t.requires_grad_() for t in (u * real, delta * real, A, B, C, D)]
+    expected = values_and_grads(selective_scan_reference, args)
+    actual = values_and_grads(selective_scan_numba, float32(args))
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert_close_scaled(a, e, name)
+
+
+def test_numba_keeps_the_input_dtype_and_only_its_inputs_get_gradients() -> None:
+    args = [t.detach() for t in inputs(2, 3, 9, 4)]
+    half = [t.bfloat16() if i in (0, 1, 3, 4) else t.float() for i, t in enumerate(args)]
+    y, last = selective_scan_numba(*half[:5])
+    assert y.dtype == torch.bfloat16
+    assert last is None
+    expected, _ = selective_scan_reference(*(t.float() for t in half[:5]))
+    torch.testing.assert_close(y.float(), expected, rtol=1e-2, atol=1e-2)
+    u, delta, A, B, C, D = (t.float() for t in args)
+    B.requires_grad_()
+    (selective_scan_numba(u, delta, A, B, C, D)[0] ** 2).sum().backward()
+    assert B.grad is not None
+    assert u.grad is None
+
+
+def test_numba_refuses_what_it_cannot_compute() -> None:
+    args = [t.detach() for t in inputs(1, 2, 5, 3)]
+    with pytest.raises(ValueError, match="use 'fast' for float64"):
+        selective_scan_numba(*args)
+    u, delta, A, B, C, D = (t.float() for t in args)
+    with pytest.raises(ValueError, match="needs A <= 0 and delta >= 0"):
+        selective_scan_numba(u, delta, -A, B, C, D)
+    with pytest.raises(ValueError, match="needs A <= 0 and delta >= 0"):
+        selective_scan_numba(u, -delta, A, B, C, D)
+
+
+def test_numba_exp_is_accurate_and_exact_at_zero() -> None:
+    x = -np.concatenate([np.linspace(0.0, 87.0, 200_001), np.geomspace(1e-9, 1.0, 1001)])
+    approx = scan_kernel.exp_nonpositive(x.astype(np.float32)).astype(np.float64)
+    exact = np.exp(x.astype(np.float32).astype(np.float64))
+    assert np.max(np.abs(approx - exact) / exact) < 1e-6
+    assert scan_kernel.exp_nonpositive(np.zeros(3, dtype=np.float32)).tolist() == [1.0] * 3
+    assert scan_kernel.exp_nonpositive(np.array([-200.0], dtype=np.float32))[0] < 1e-37
+
+
+def test_numba_leaves_torch_thread_count_alone() -> None:
+    """The kernel runs with torch's thread count and never changes it (numba's OpenMP layer
+    would: it shares libgomp with torch)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        args = [t.detach().float() for t in inputs(2, 3, 9, 4)]
+        selective_scan_numba(*args)
+        assert torch.get_num_threads() == 1
+        assert numba.get_num_threads() == 1
+        assert numba.threading_layer() == "workqueue"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_numba_calls_from_several_threads_agree() -> None:
+    """A server scores in threads: concurrent kernel calls take turns and stay correct."""
+    args = [t.detach().float() for t in inputs(4, 8, 50, 16)]
+    expected, _ = selective_scan_numba(*args)
+    results: list[Tensor] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(5):
+                results.append(selective_scan_numba(*args)[0])
+        except BaseException as error:  # surfaced below, not lost in the thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(results) == 20
+    for y in results:
+        torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

@@ -31,7 +31,8 @@ Differences from the reference implementation, all deliberate:
 - The padding row of the item embedding is zero (the reference's init overwrites it; with
   right padding it never reaches an output).
 - The selective scan runs on CPU too: ``scan: auto`` takes the mamba-ssm kernel on CUDA
-  tensors when it is installed and ``seqrec.nn.selective_scan``'s fast path otherwise.
+  tensors and seqrec's compiled numba kernel on CPU tensors when they are installed, and
+  ``seqrec.nn.selective_scan``'s chunked fast path otherwise.
 - ``positional_embedding: true`` (the paper's ablation) adds learned positions counted from
   the oldest item of the (truncated) history, as RecBole's position ids are.
 - ``ffn: false`` drops the PFFN (the paper's "Mamba block only" ablation).

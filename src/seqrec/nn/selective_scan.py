@@ -1,6 +1,6 @@
-"""The selective scan of Mamba (S6), three ways: a readable reference, a chunked parallel
-scan in plain PyTorch for any device and the ``mamba-ssm`` CUDA kernel, all with the same
-signature.
+"""The selective scan of Mamba (S6), four ways: a readable reference, a chunked parallel
+scan in plain PyTorch for any device, a compiled CPU kernel (numba, ``seqrec.nn.scan_kernel``)
+and the ``mamba-ssm`` CUDA kernel, all with the same signature.
 
 For every channel d and state index n, with the simplified discretisation of Mamba's
 reference code (B_bar = Delta B rather than the zero-order hold):
@@ -17,16 +17,19 @@ B, D, N and L are batch, channels (Mamba's d_inner), state size and length; the 
 A position with Delta_t = 0 is the identity on the state (exp(0) = 1, no input): that is
 how left padding is kept out of the recurrence.
 
-Choosing an implementation (``ScanImpl``): "reference" and "fast" run anywhere; "cuda" needs
-CUDA tensors and ``pip install 'seqrec[mamba]'``; "auto" takes the CUDA kernel for CUDA
-tensors when it is installed, "fast" otherwise, and logs its choice once.
+Choosing an implementation (``ScanImpl``): "reference" and "fast" run anywhere; "numba" needs
+CPU tensors and ``pip install 'seqrec[numba]'``; "cuda" needs CUDA tensors and
+``pip install 'seqrec[mamba]'``; "auto" takes the kernel of the tensors' device when it is
+installed and applies, "fast" otherwise, and logs its choice once per device.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Literal
 
 import torch
@@ -34,10 +37,11 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-ScanImpl = Literal["auto", "reference", "fast", "cuda"]
+ScanImpl = Literal["auto", "reference", "fast", "numba", "cuda"]
 ScanResult = tuple[Tensor, Tensor | None]
 
 INSTALL_HINT = "pip install 'seqrec[mamba]'"
+NUMBA_HINT = "pip install 'seqrec[numba]'"
 
 # Chunk plan of the fast path. A chunk's (steps, rows, D, N) tensors hold about
 # _CHUNK_ELEMENTS elements (2 MB in float32 on CPU, so the dozen passes over a chunk mostly
@@ -334,6 +338,8 @@ def cuda_scan_available() -> bool:
 
 def check_scan_impl(impl: ScanImpl) -> None:
     """Raise now, not mid-training, when ``impl`` cannot run on this machine."""
+    if impl == "numba" and _numba_kernel() is None:
+        raise RuntimeError(f"scan 'numba' needs numba: {NUMBA_HINT}")
     if impl != "cuda":
         return
     if _mamba_kernel() is None:
@@ -372,10 +378,130 @@ def selective_scan_cuda(
     return out, None
 
 
+@functools.cache
+def _numba_kernel() -> ModuleType | None:
+    """``seqrec.nn.scan_kernel``, or None when numba is not installed or does not load."""
+    try:
+        from seqrec.nn import scan_kernel
+    except (ImportError, OSError):
+        return None
+    return scan_kernel
+
+
+def _loaded_numba_kernel() -> ModuleType:
+    kernel = _numba_kernel()
+    if kernel is None:
+        raise RuntimeError(f"scan 'numba' needs numba: {NUMBA_HINT}")
+    return kernel
+
+
+# numba's default thread pool must not be entered by two Python threads at once (a server
+# scoring in several threads would abort the process), so kernel calls take turns.
+_NUMBA_LOCK = threading.Lock()
+
+
+def numba_scan_applies(u: Tensor, delta: Tensor, A: Tensor) -> bool:
+    """Whether the numba kernel can compute this call: numba installed, CPU tensors of at
+    most float32 precision, and Delta A <= 0 everywhere (its exp is for x <= 0 only)."""
+    if _numba_kernel() is None or u.is_cuda or u.dtype == torch.float64:
+        return False
+    with torch.no_grad():
+        return bool(A.max() <= 0) and bool(delta.min() >= 0)
+
+
+def selective_scan_numba(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    *,
+    return_last_state: bool = False,
+) -> ScanResult:
+    """The compiled CPU kernel (``seqrec.nn.scan_kernel``): the sequential recurrence with
+    the state in registers, rows and channels in parallel, its own backward pass.
+
+    Computes in float32 (lower precisions are upcast and the results cast back); float64
+    inputs and A or Delta of the wrong sign raise, as the kernel's exp assumes Delta A <= 0.
+    Uses ``torch.get_num_threads()`` threads.
+    """
+    _loaded_numba_kernel()
+    if u.is_cuda:
+        raise RuntimeError("scan 'numba' needs CPU tensors; use 'cuda' or 'auto' on a GPU")
+    if u.dtype == torch.float64:
+        raise ValueError("scan 'numba' computes in float32; use 'fast' for float64 inputs")
+    if not numba_scan_applies(u, delta, A):
+        raise ValueError("scan 'numba' needs A <= 0 and delta >= 0, as Mamba parametrises them")
+    skip = D if D is not None else u.new_zeros(u.size(1))
+    y, last = _KernelScan.apply(  # type: ignore[no-untyped-call]
+        *(t.float() for t in (u, delta, A, B, C, skip))
+    )
+    return y.to(u.dtype), (last if return_last_state else None)
+
+
+def _arrays(*tensors: Tensor) -> list[Any]:
+    """Contiguous float32 numpy views (copies only where the layout needs them)."""
+    return [t.detach().contiguous().numpy() for t in tensors]
+
+
+class _KernelScan(torch.autograd.Function):
+    """``scan_kernel.scan_forward`` / ``scan_backward`` with B and C time-major, (B, L, N)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        kernel = _loaded_numba_kernel()
+        Bt, Ct = B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous()
+        y = u.new_empty(u.shape)
+        last = u.new_empty(u.size(0), u.size(1), A.size(1))
+        with _NUMBA_LOCK:
+            _set_numba_threads()
+            kernel.scan_forward(*_arrays(u, delta, A, Bt, Ct, D, y, last))
+        ctx.save_for_backward(u, delta, A, Bt, Ct, D)
+        ctx.set_materialize_grads(False)
+        return y, last
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor | None, grad_last: Tensor | None) -> tuple[Any, ...]:
+        u, delta, A, Bt, Ct, D = ctx.saved_tensors
+        kernel = _loaded_numba_kernel()
+        rows, channels, _ = u.shape
+        gy = torch.zeros_like(u) if grad_y is None else grad_y.float()
+        gl = u.new_zeros(rows, channels, A.size(1)) if grad_last is None else grad_last.float()
+        g_u, g_delta = torch.empty_like(u), torch.empty_like(u)
+        g_A_rows = u.new_empty(rows, channels, A.size(1))
+        g_Bt, g_Ct = torch.zeros_like(Bt), torch.zeros_like(Ct)
+        g_D_rows = u.new_empty(rows, channels)
+        with _NUMBA_LOCK:
+            _set_numba_threads()
+            kernel.scan_backward(
+                *_arrays(u, delta, A, Bt, Ct, D, gy, gl),
+                *_arrays(g_u, g_delta, g_A_rows, g_Bt, g_Ct, g_D_rows),
+            )
+        return (
+            g_u,
+            g_delta,
+            g_A_rows.sum(0),
+            g_Bt.transpose(1, 2),
+            g_Ct.transpose(1, 2),
+            g_D_rows.sum(0),
+        )
+
+
+def _set_numba_threads() -> None:
+    import numba
+
+    config: Any = numba.config
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), config.NUMBA_NUM_THREADS)))
+
+
 ScanFn = Callable[..., ScanResult]
-SCANS: dict[Literal["reference", "fast", "cuda"], ScanFn] = {
+SCANS: dict[Literal["reference", "fast", "numba", "cuda"], ScanFn] = {
     "reference": selective_scan_reference,
     "fast": selective_scan_fast,
+    "numba": selective_scan_numba,
     "cuda": selective_scan_cuda,
 }
 
@@ -388,6 +514,12 @@ def _log_auto_choice(choice: str, device: str) -> None:
             "is not installed (%s)",
             choice,
             INSTALL_HINT,
+        )
+    elif device == "cpu" and choice == "fast" and _numba_kernel() is None:
+        logger.warning(
+            "selective scan 'auto' uses the 'fast' implementation on cpu: numba is not "
+            "installed; the compiled kernel is several times faster (%s)",
+            NUMBA_HINT,
         )
     else:
         logger.info("selective scan 'auto' uses the %r implementation on %s", choice, device)
@@ -404,9 +536,13 @@ def selective_scan(
     impl: ScanImpl = "auto",
     return_last_state: bool = False,
 ) -> ScanResult:
-    """Dispatch to ``impl``; "auto" is the CUDA kernel for CUDA tensors when installed, else
-    "fast", and says which it took once per device type."""
+    """Dispatch to ``impl``; "auto" is the CUDA kernel for CUDA tensors and the numba kernel
+    for CPU tensors when installed and applicable, else "fast", and says which it took once
+    per device type."""
     if impl == "auto":
-        impl = "cuda" if u.is_cuda and _mamba_kernel() is not None else "fast"
+        if u.is_cuda:
+            impl = "cuda" if _mamba_kernel() is not None else "fast"
+        else:
+            impl = "numba" if numba_scan_applies(u, delta, A) else "fast"
         _log_auto_choice(impl, u.device.type)
     return SCANS[impl](u, delta, A, B, C, D, return_last_state=return_last_state)
