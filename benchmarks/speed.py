@@ -5,10 +5,12 @@
 An epoch is one pass over every user's training sequence with the loss on every position
 (the SASRec paper's definition). Each variant runs in its own process so that its peak memory
 (max RSS) is its own. Prints a table and one JSON line per variant and batching: random
-batches (the default, as the reference code trains) and length-bucketed batches (less padding).
+batches (the default, as the reference code trains), random batches trained in length-sorted
+parts (``train.batch_parts``; the same steps and gradients, less padding) and length-bucketed
+batches (less padding, different batches).
 
     .venv/bin/python benchmarks/speed.py --data-dir ../shared/data
-    .venv/bin/python benchmarks/speed.py --variants bce --batching random --epochs 4 --threads 2
+    .venv/bin/python benchmarks/speed.py --variants bce --batching random --parts 1 4 --threads 2
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ BATCHING = ("random", "length_buckets")  # train.batching
 
 
 def measure(
-    variant: str, batching: str, epochs: int, data_dir: str | None, threads: int | None
+    variant: str,
+    batching: str,
+    parts: int,
+    epochs: int,
+    data_dir: str | None,
+    threads: int | None,
 ) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -47,7 +54,8 @@ def measure(
     shipped = load_raw(REPO / "configs" / f"{VARIANTS[variant]}.yaml")
     torch.manual_seed(0)
     model = build_model(build_model_config(shipped["model"], num_items=data.num_items))
-    train = {**shipped["train"], "batching": batching, "progress": False, "device": "cpu"}
+    train = {**shipped["train"], "batching": batching, "batch_parts": parts}
+    train |= {"progress": False, "device": "cpu"}
     config = experiment_from_raw({"train": train})
     trainer = Trainer(model, data, config)
     from seqrec.training.loop import epoch_seeds, train_one_epoch
@@ -57,7 +65,7 @@ def measure(
         rng, seed = epoch_seeds(0, epoch)
         torch.manual_seed(seed)
         stats = train_one_epoch(
-            model, trainer.batches.epoch(rng), trainer.optimizer, device=trainer.device
+            model, trainer.batches.steps(rng), trainer.optimizer, device=trainer.device
         )
         seconds.append(stats.seconds)
         targets = stats.targets
@@ -71,6 +79,7 @@ def measure(
     return {
         "variant": variant,
         "batching": batching,
+        "batch_parts": parts,
         "threads": torch.get_num_threads(),
         "epoch_seconds": float(np.median(timed)),
         "epoch_seconds_all": [round(s, 2) for s in seconds],
@@ -87,20 +96,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--batching", nargs="+", default=list(BATCHING), choices=list(BATCHING))
+    parser.add_argument(
+        "--parts",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="train.batch_parts values measured with random batches",
+    )
     parser.add_argument("--epochs", type=int, default=3, help="epochs per variant (1st is warm-up)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        batching = args.batching[0]
-        print(json.dumps(measure(args.child, batching, args.epochs, args.data_dir, args.threads)))
+        batching, parts = args.batching[0], args.parts[0]
+        row = measure(args.child, batching, parts, args.epochs, args.data_dir, args.threads)
+        print(json.dumps(row))
         return
     rows = []
+    modes = [
+        (batching, parts)
+        for batching in args.batching
+        for parts in (args.parts if batching == "random" else [1])
+    ]
     for variant in args.variants:
-        for batching in args.batching:
+        for batching, parts in modes:
             command = [sys.executable, __file__, "--child", variant, "--batching", batching]
-            command += ["--epochs", str(args.epochs)]
+            command += ["--parts", str(parts), "--epochs", str(args.epochs)]
             if args.data_dir:
                 command += ["--data-dir", args.data_dir]
             if args.threads:
@@ -113,12 +135,13 @@ def main() -> None:
         f"{rows[0]['threads']} threads"
     )
     print(
-        f"{'loss':<5} {'batching':<15} {'s/epoch':>8} {'targets/s':>10} {'eval full s':>12}"
-        f" {'eval sampled s':>15} {'peak GiB':>9}"
+        f"{'loss':<5} {'batching':<15} {'parts':>5} {'s/epoch':>8} {'targets/s':>10} "
+        f"{'eval full s':>12} {'eval sampled s':>15} {'peak GiB':>9}"
     )
     for r in rows:
         print(
-            f"{r['variant']:<5} {r['batching']:<15} {r['epoch_seconds']:>8.2f} "
+            f"{r['variant']:<5} {r['batching']:<15} {r['batch_parts']:>5} "
+            f"{r['epoch_seconds']:>8.2f} "
             f"{r['targets_per_second']:>10,.0f} "
             f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
             f"{r['peak_rss_gib']:>9.2f}"

@@ -158,9 +158,14 @@ class TrainBatches:
     batches first and the batch order is shuffled, which cuts padding but makes each batch's
     histories alike in length, and a batch of short histories weighs each of its positions
     more than a batch of long ones: SASRec learns measurably worse that way on ML-1M.
-    ``needs`` says what else a
-    batch carries: negatives (uniform or popularity-sampled, per position or per row), the
-    log sampling probabilities for logQ correction, and same-target histories.
+
+    With ``parts`` > 1 each batch is sorted by history length and cut into that many parts
+    (``steps``), each padded to its own longest history: the same rows in each optimizer
+    step, much less padding.
+
+    ``needs`` says what else a batch carries: negatives (uniform or popularity-sampled, per
+    position or per row), the log sampling probabilities for logQ correction, and
+    same-target histories.
 
     With ``needs.prefix_examples`` an example is one training position instead of one user:
     the (up to max_seq_len) items before it as input and its item as the only label, in the
@@ -174,8 +179,11 @@ class TrainBatches:
     batch_size: int
     needs: BatchNeeds = field(default_factory=BatchNeeds)
     batching: Batching = "random"
+    parts: int = 1  # each batch trained in this many length-sorted parts (see ``steps``)
 
     def __post_init__(self) -> None:
+        if self.parts < 1:
+            raise ValueError(f"parts must be >= 1, got {self.parts}")
         needs = self.needs
         self._rows = np.flatnonzero(self.sequences.lengths >= 2)
         self._row_of = np.repeat(np.arange(len(self.sequences.lengths)), self.sequences.lengths)
@@ -215,24 +223,44 @@ class TrainBatches:
         return int(np.minimum(self.sequences.lengths[self._rows] - 1, self.max_seq_len).sum())
 
     def epoch(self, rng: np.random.Generator) -> Iterator[SeqBatch]:
+        """The epoch's batches (the parts of each step in turn, when ``parts`` > 1)."""
+        for step in self.steps(rng):
+            yield from step
+
+    def steps(self, rng: np.random.Generator) -> Iterator[list[SeqBatch]]:
+        """One list per optimizer step: the whole batch, or its ``parts`` length-sorted
+        parts, which together hold exactly the batch's rows and positions."""
+        for rows in self._batch_rows(rng):
+            if self.parts == 1:
+                yield [self.batch(rows, rng)]
+                continue
+            by_length = rows[np.argsort(self._lengths()[rows], kind="stable")]
+            pieces = np.array_split(by_length, min(self.parts, len(rows)))
+            yield [self.batch(piece, rng) for piece in pieces]
+
+    def _lengths(self) -> IntArray:
+        """Each row's history length: a user's sequence, or an example's target index."""
+        if not self.needs.prefix_examples:
+            return self.sequences.lengths
+        lengths = np.zeros(len(self.sequences.items), dtype=np.int64)
+        lengths[self._rows] = self._rows - self.sequences.offsets[self._row_of[self._rows]]
+        return lengths
+
+    def _batch_rows(self, rng: np.random.Generator) -> Iterator[IntArray]:
         order = rng.permutation(self._rows)
         if self.batching == "random":
             for start in range(0, len(order), self.batch_size):
-                yield self.batch(order[start : start + self.batch_size], rng)
+                yield order[start : start + self.batch_size]
             return
         bucket = self.batch_size * _BUCKET_BATCHES
         batches: list[IntArray] = []
-        if self.needs.prefix_examples:  # history length of each example (its target index)
-            lengths = np.zeros(len(self.sequences.items), dtype=np.int64)
-            lengths[self._rows] = self._rows - self.sequences.offsets[self._row_of[self._rows]]
-        else:
-            lengths = self.sequences.lengths
+        lengths = self._lengths()
         for start in range(0, len(order), bucket):
             chunk = order[start : start + bucket]
             chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
             batches.extend(np.array_split(chunk, -(-len(chunk) // self.batch_size)))
         for index in rng.permutation(len(batches)):
-            yield self.batch(batches[index], rng)
+            yield batches[index]
 
     def batch(self, rows: IntArray, rng: np.random.Generator) -> SeqBatch:
         if self.needs.prefix_examples:

@@ -48,6 +48,15 @@ class ModelConfig:
         """What training batches must carry besides inputs and labels (negatives, ...)."""
         return BatchNeeds()
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        """True when the loss is a mean over the batch's labelled positions of terms that
+        each depend on their own row only: a batch can then be trained in parts, each
+        part's loss weighted by its share of the positions (``train.batch_parts``), with
+        the whole batch's gradient. False for anything that couples rows (in-batch
+        negatives, contrastive terms, masks drawn per batch)."""
+        return False
+
 
 class SequentialRecommender(nn.Module, ABC):
     """``forward(batch).loss`` trains; ``recommend(input_ids, k)`` serves and evaluates."""

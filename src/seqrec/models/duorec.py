@@ -74,6 +74,10 @@ class DuoRecConfig(SASRecConfig):
     similarity: Literal["dot", "cos"] = "dot"
     mask_same_target: bool = True  # same-target views are not negatives
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return False  # the contrastive term's negatives are the batch's other rows
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.contrastive_weight < 0.0:

@@ -90,6 +90,10 @@ class Mamba4RecConfig(ModelConfig):
         return self.expand * self.hidden_size
 
     @property
+    def loss_splits_by_rows(self) -> bool:
+        return True  # full softmax CE at every real position
+
+    @property
     def dt_rank(self) -> int:
         """Rank of the Delta projection, ceil(D / 16) as in mamba-ssm."""
         return math.ceil(self.hidden_size / 16)

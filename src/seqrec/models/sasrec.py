@@ -97,6 +97,10 @@ class SASRecConfig(ItemLossConfig):
         if self.init_std is not None and not self.init_std > 0:
             raise ConfigError(f"model.init_std must be positive (or null), got {self.init_std}")
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return self.negative_sampler != "in_batch"  # other rows' targets are negatives
+
 
 class SelfAttention(nn.Module):
     """Multi-head causal self-attention with separate W^Q, W^K, W^V (fused in one Linear)."""

@@ -80,7 +80,7 @@ class EpochStats:
 
 def train_one_epoch(
     model: SequentialRecommender,
-    batches: Iterable[SeqBatch],
+    batches: Iterable[SeqBatch | list[SeqBatch]],
     optimizer: torch.optim.Optimizer | None,
     *,
     device: torch.device,
@@ -88,24 +88,34 @@ def train_one_epoch(
     bf16: bool = False,
     progress: tqdm[Any] | None = None,
 ) -> EpochStats:
-    """One pass over ``batches``; returns the mean loss over positions."""
+    """One pass over ``batches``; returns the mean loss over positions.
+
+    An item that is a list is one optimizer step over its parts (``TrainBatches.steps``):
+    each part's mean loss is weighted by its share of the step's positions, so the
+    accumulated gradient is that of the mean over all of them.
+    """
     model.train()
     start = time.perf_counter()
     total_loss, total_targets = 0.0, 0
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    for batch in batches:
-        batch = batch.to(device)
-        with autocast:
-            loss = model(batch).loss
+    for step in batches:
+        parts = step if isinstance(step, list) else [step]
+        step_targets = sum(part.num_targets for part in parts)
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        for part in parts:
+            batch = part.to(device)
+            with autocast:
+                loss = model(batch).loss
+            n = batch.num_targets
+            if optimizer is not None:
+                (loss if len(parts) == 1 else loss * (n / step_targets)).backward()
+            total_loss += float(loss.detach()) * n
+            total_targets += n
+        if optimizer is not None:
             if grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
-        n = batch.num_targets
-        total_loss += float(loss.detach()) * n
-        total_targets += n
         if progress is not None:
             progress.update(1)
             elapsed = time.perf_counter() - start
@@ -189,10 +199,17 @@ class Trainer:
             batch_size=config.train.batch_size,
             needs=model.batch_needs,
             batching=config.train.batching,
+            parts=config.train.batch_parts,
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
         check_train_config(config)
+        if config.train.batch_parts > 1 and not model.config.loss_splits_by_rows:
+            raise ConfigError(
+                f"train.batch_parts needs a loss that splits by rows; {model.config.name} "
+                "with these settings couples the rows of a batch (in-batch negatives or a "
+                "contrastive term): use train.batch_parts=1"
+            )
 
     def validate(self) -> dict[str, float]:
         result = evaluate_model(
@@ -282,7 +299,7 @@ class Trainer:
             ) as bar:
                 stats = train_one_epoch(
                     self.model,
-                    self.batches.epoch(numpy_rng),
+                    self.batches.steps(numpy_rng),
                     self.optimizer,
                     device=self.device,
                     grad_clip=train.grad_clip,
