@@ -419,8 +419,8 @@ def selective_scan_numba(
     *,
     return_last_state: bool = False,
 ) -> ScanResult:
-    """The compiled CPU kernel (``seqrec.nn.scan_kernel``): the sequential recurrence with
-    the state in registers, rows and channels in parallel, its own backward pass.
+    """The compiled CPU kernel (``seqrec.nn.scan_kernel``): the sequential recurrence, one
+    thread per row, vectorised over the channels, its own backward pass.
 
     Computes in float32 (lower precisions are upcast and the results cast back); float64
     inputs and A or Delta of the wrong sign raise, as the kernel's exp assumes Delta A <= 0.
@@ -446,44 +446,53 @@ def _arrays(*tensors: Tensor) -> list[Any]:
 
 
 class _KernelScan(torch.autograd.Function):
-    """``scan_kernel.scan_forward`` / ``scan_backward`` with B and C time-major, (B, L, N)."""
+    """``scan_kernel.scan_forward`` / ``scan_backward`` on channel-minor copies: u, delta
+    (B, L, D), A (N, D), B and C (B, L, N). Results come back as views in mamba's layout."""
 
     @staticmethod
     def forward(
         ctx: Any, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     ) -> tuple[Tensor, Tensor]:
         kernel = _loaded_numba_kernel()
-        Bt, Ct = B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous()
-        y = u.new_empty(u.shape)
-        last = u.new_empty(u.size(0), u.size(1), A.size(1))
+        rows, channels, length = u.shape
+        state = A.size(1)
+        ut, dt, At, Bt, Ct = (t.transpose(-1, -2).contiguous() for t in (u, delta, A, B, C))
+        y = u.new_empty(rows, length, channels)
+        segments = -(-length // kernel.SEGMENT)
+        starts = u.new_empty(rows, segments, state, channels)
+        last = u.new_empty(rows, state, channels)
         with _NUMBA_LOCK:
             _set_numba_threads()
-            kernel.scan_forward(*_arrays(u, delta, A, Bt, Ct, D, y, last))
-        ctx.save_for_backward(u, delta, A, Bt, Ct, D)
+            kernel.scan_forward(*_arrays(ut, dt, At, Bt, Ct, D, y, starts, last))
+        ctx.save_for_backward(ut, dt, At, Bt, Ct, D, starts)
         ctx.set_materialize_grads(False)
-        return y, last
+        return y.transpose(1, 2), last.transpose(1, 2)
 
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor | None, grad_last: Tensor | None) -> tuple[Any, ...]:
-        u, delta, A, Bt, Ct, D = ctx.saved_tensors
+        ut, dt, At, Bt, Ct, D, starts = ctx.saved_tensors
         kernel = _loaded_numba_kernel()
-        rows, channels, _ = u.shape
-        gy = torch.zeros_like(u) if grad_y is None else grad_y.float()
-        gl = u.new_zeros(rows, channels, A.size(1)) if grad_last is None else grad_last.float()
-        g_u, g_delta = torch.empty_like(u), torch.empty_like(u)
-        g_A_rows = u.new_empty(rows, channels, A.size(1))
-        g_Bt, g_Ct = torch.zeros_like(Bt), torch.zeros_like(Ct)
-        g_D_rows = u.new_empty(rows, channels)
+        rows, _, channels = ut.shape
+        state = At.size(0)
+        gy = torch.zeros_like(ut) if grad_y is None else grad_y.float().transpose(1, 2)
+        if grad_last is None:
+            gl = ut.new_zeros(rows, state, channels)
+        else:
+            gl = grad_last.float().transpose(1, 2)
+        g_u, g_delta = torch.empty_like(ut), torch.empty_like(ut)
+        g_A_rows = ut.new_empty(rows, state, channels)
+        g_Bt, g_Ct = torch.empty_like(Bt), torch.empty_like(Ct)
+        g_D_rows = ut.new_empty(rows, channels)
         with _NUMBA_LOCK:
             _set_numba_threads()
             kernel.scan_backward(
-                *_arrays(u, delta, A, Bt, Ct, D, gy, gl),
+                *_arrays(ut, dt, At, Bt, Ct, D, starts, gy, gl),
                 *_arrays(g_u, g_delta, g_A_rows, g_Bt, g_Ct, g_D_rows),
             )
         return (
-            g_u,
-            g_delta,
-            g_A_rows.sum(0),
+            g_u.transpose(1, 2),
+            g_delta.transpose(1, 2),
+            g_A_rows.sum(0).T,
             g_Bt.transpose(1, 2),
             g_Ct.transpose(1, 2),
             g_D_rows.sum(0),
