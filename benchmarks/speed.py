@@ -1,6 +1,6 @@
 """SASRec training and evaluation speed on ML-1M with the shipped configs, on this machine:
 ``bce`` is configs/ml-1m_sasrec.yaml (the paper's settings), ``ce`` configs/ml-1m_sasrec-ce.yaml
-(SASRec+).
+(SASRec+); ``mamba`` (configs/ml-1m_mamba4rec.yaml, Mamba4Rec) on request.
 
 An epoch is one pass over every user's training sequence with the loss on every position
 (the SASRec paper's definition). Each variant runs in its own process so that its peak memory
@@ -27,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 # The model sections of the shipped configs: the paper's ML-1M settings (BCE, one negative)
 # and SASRec+ (full softmax CE).
-VARIANTS = {"bce": "ml-1m_sasrec", "ce": "ml-1m_sasrec-ce"}
+VARIANTS = {"bce": "ml-1m_sasrec", "ce": "ml-1m_sasrec-ce", "mamba": "ml-1m_mamba4rec"}
 BATCHING = ("random", "length_buckets")  # train.batching
 
 
@@ -94,7 +94,7 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=["bce", "ce"], choices=list(VARIANTS))
     parser.add_argument("--batching", nargs="+", default=list(BATCHING), choices=list(BATCHING))
     parser.add_argument(
         "--parts",
@@ -131,16 +131,17 @@ def main() -> None:
             rows.append(json.loads(out.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
     print(
-        f"\nSASRec on ML-1M, bce: configs/ml-1m_sasrec.yaml, ce: configs/ml-1m_sasrec-ce.yaml, "
-        f"{rows[0]['threads']} threads"
+        "\nML-1M, "
+        + ", ".join(f"{name}: configs/{VARIANTS[name]}.yaml" for name in args.variants)
+        + f", {rows[0]['threads']} threads"
     )
     print(
-        f"{'loss':<5} {'batching':<15} {'parts':>5} {'s/epoch':>8} {'targets/s':>10} "
+        f"{'config':<6} {'batching':<15} {'parts':>5} {'s/epoch':>8} {'targets/s':>10} "
         f"{'eval full s':>12} {'eval sampled s':>15} {'peak GiB':>9}"
     )
     for r in rows:
         print(
-            f"{r['variant']:<5} {r['batching']:<15} {r['batch_parts']:>5} "
+            f"{r['variant']:<6} {r['batching']:<15} {r['batch_parts']:>5} "
             f"{r['epoch_seconds']:>8.2f} "
             f"{r['targets_per_second']:>10,.0f} "
             f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
