@@ -181,7 +181,10 @@ class MambaBlock(nn.Module):
         window = torch.cat([conv, xs.unsqueeze(-1)], dim=-1)  # (B, E*D, K)
         # The depthwise conv's one output for a K-wide window, written out: F.conv1d on a
         # window this small costs more in dispatch than the arithmetic.
-        u = F.silu((window * self.conv1d.weight[:, 0]).sum(-1) + self.conv1d.bias)  # (B, E*D)
+        conv_out = (window * self.conv1d.weight[:, 0]).sum(-1)  # (B, E*D)
+        if self.conv1d.bias is not None:
+            conv_out = conv_out + self.conv1d.bias
+        u = F.silu(conv_out)
         delta, B, C = self._ssm_inputs(u)
         A = -torch.exp(self.A_log.float())
         decay = torch.exp(delta.unsqueeze(-1) * A)  # (B, E*D, N)
