@@ -9,8 +9,8 @@ compiler vectorises (about 4x faster than the C library's exp per element) withi
 relative error, and exp(0) = 1 exactly, so left padding (Delta = 0) stays exact.
 
 The forward pass also saves the state at the start of every ``SEGMENT`` steps; the backward
-pass recomputes one segment's states and decays at a time from them (a buffer that stays in
-the cache) and runs the adjoint lam_t = dL/dh_t = C_t gy_t + exp(Delta_{t+1} A) lam_{t+1}
+pass recomputes one segment's states and decays at a time from them (SEGMENT x N x D floats
+each, never the whole sequence's) and runs the adjoint lam_t = dL/dh_t = C_t gy_t + exp(Delta_{t+1} A) lam_{t+1}
 backward through it.
 
 Float32 only, and Delta A <= 0 (Delta >= 0, A <= 0, which Mamba's Delta = softplus(.) and
