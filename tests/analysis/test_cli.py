@@ -52,6 +52,9 @@ def test_residual_writes_tables_figures_and_report(residual_out: Path) -> None:
     assert "leave-one-out, as the run was trained" in report
     summary = json.loads((residual_out / "summary.json").read_text())
     assert summary["setting"]["filter_seen"] is True
+    assert summary["setting"]["layout"] == "pre_ln"  # the run's layout, described as such
+    assert "blocks are pre-LN" in report
+    assert "reference layout" not in report
     assert [row["alpha"] for row in summary["alpha_sweep"]] == [0.0, 0.5, 1.0]
     assert len(summary["shuffle"]) == 5  # original + 2 seeds x (partial, full)
 

@@ -47,6 +47,15 @@ logger = logging.getLogger(__name__)
 ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
 EPSILONS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 
+# How the analysed block adds the attention residual (SASRecConfig.layout).
+LAYOUT_TEXT = {
+    "pre_ln": "The model's blocks are pre-LN: the residual sum is y = alpha x + Attn(LN(x)) "
+    "and the LayerNorm after it is the FFN's input norm.",
+    "reference": "The model's blocks have the SASRec reference layout: queries LN(x), keys and "
+    "values x, the residual sum y = alpha LN(x) + Attn(LN(x), x), so the residual branch is "
+    "the normalised query, and the LayerNorm after it is the FFN's input norm.",
+}
+
 # Our registry names -> the paper's dataset names.
 PAPER_NAMES = {
     "amazon-beauty": "Beauty",
@@ -185,6 +194,7 @@ def run_residual(
         "max_seq_len": max_len,
         "num_layers": getattr(model.config, "num_layers", None),
         "num_heads": getattr(model.config, "num_heads", None),
+        "layout": getattr(model.config, "layout", "pre_ln"),
         "alphas": list(options.alphas),
         "epsilons": list(options.epsilons),
         "k": k,
@@ -542,8 +552,7 @@ def _residual_markdown(
         "",
         "## 3. Norm decomposition: mixing ratios (Table 2, Table 3, Fig. 3)",
         "",
-        "Our SASRec is pre-LN: the residual sum is y = alpha x + Attn(LN(x)) and the "
-        "LayerNorm after it is the FFN's input norm. r_sum = sum_{j!=i} ||F_i(x_j)|| / "
+        LAYOUT_TEXT[s.get("layout", "pre_ln")] + " r_sum = sum_{j!=i} ||F_i(x_j)|| / "
         "sum_j ||F_i(x_j)|| (paper p. 5); r_agg = ||sum_{j!=i} F_i(x_j)|| / "
         "(||sum_{j!=i} F_i(x_j)|| + ||F_i(x_i)||) (supplement Eq. 22, what the authors' code "
         "computes). Means pool every real position of every layer and test sequence.",

@@ -10,8 +10,8 @@ relative error, and exp(0) = 1 exactly, so left padding (Delta = 0) stays exact.
 
 The forward pass also saves the state at the start of every ``SEGMENT`` steps; the backward
 pass recomputes one segment's states and decays at a time from them (SEGMENT x N x D floats
-each, never the whole sequence's) and runs the adjoint lam_t = dL/dh_t = C_t gy_t + exp(Delta_{t+1} A) lam_{t+1}
-backward through it.
+each, never the whole sequence's) and runs the adjoint
+lam_t = dL/dh_t = C_t gy_t + exp(Delta_{t+1} A) lam_{t+1} backward through it.
 
 Float32 only, and Delta A <= 0 (Delta >= 0, A <= 0, which Mamba's Delta = softplus(.) and
 A = -exp(A_log) guarantee); ``seqrec.nn.selective_scan`` checks both and handles layouts.
