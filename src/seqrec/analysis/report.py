@@ -552,7 +552,7 @@ def _residual_markdown(
         "",
         "## 3. Norm decomposition: mixing ratios (Table 2, Table 3, Fig. 3)",
         "",
-        LAYOUT_TEXT[s.get("layout", "pre_ln")] + " r_sum = sum_{j!=i} ||F_i(x_j)|| / "
+        LAYOUT_TEXT[s["layout"]] + " r_sum = sum_{j!=i} ||F_i(x_j)|| / "
         "sum_j ||F_i(x_j)|| (paper p. 5); r_agg = ||sum_{j!=i} F_i(x_j)|| / "
         "(||sum_{j!=i} F_i(x_j)|| + ||F_i(x_i)||) (supplement Eq. 22, what the authors' code "
         "computes). Means pool every real position of every layer and test sequence.",
