@@ -7,18 +7,23 @@ histories, for each history length:
 - train step: forward + backward of one batch (``--batch-size`` users, loss at every position);
 - backbone step: the same without the catalogue softmax (``encode`` -> sum -> backward);
 - one user: latency of ``score`` for a single history (inference mode);
-- peak memory of the training steps. CPU: growth of the process's peak RSS (``ru_maxrss``)
-  over its RSS just before the first step, in a fresh process per measurement, so it counts
-  everything the steps allocate (autograd buffers, allocator slack), not what is reused
-  from the model and the inputs. CUDA: ``torch.cuda.max_memory_allocated`` over the
-  allocation before the first step.
+- peak memory of one training step, in a fresh process per figure, after a warm-up step at
+  length 16 (so loading code - numba's compiled kernels, oneDNN - is not counted). CPU:
+  growth of the process's peak RSS (``ru_maxrss``) over its RSS before the step, twice:
+  "live", with glibc told to give every allocation of 64 KiB and more its own mapping
+  (``MALLOC_MMAP_THRESHOLD_=65536``), so that freed tensors leave the RSS at once and the
+  peak follows the tensors alive together (what CUDA's figure measures); and "RSS" with
+  glibc's defaults, which keep freed blocks under 32 MiB for reuse, so that figure adds
+  allocator slack and moves by a hundred MiB or more from run to run. CUDA:
+  ``torch.cuda.max_memory_allocated`` over the allocation before the step.
 
 It also prints the selective scans against the sequential reference (forward + backward,
 and each forward alone; d_inner 128, N 32): the chunked PyTorch path ("fast", with its chunk
 plan) and the compiled numba kernel ("numba", when installed), Mamba4Rec's incremental
 ``step`` against re-encoding a 200-item history, and the Mamba block alone at batch
-128 x length 200 (d 64, N 32) with each scan. Mamba4Rec itself runs with ``scan: auto``:
-the numba kernel when it is installed.
+128 x length 200 (d 64, N 32) with each scan (with numba, the fused block of
+``seqrec.nn.mamba_inner``). Mamba4Rec itself runs with ``scan: auto``: the numba kernel,
+fused, when it is installed.
 
 Timings are medians; on a shared machine they move with the other load.
 
@@ -64,10 +69,8 @@ def current_rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure_model(
-    name: str, length: int, batch_size: int, repeats: int, device: str
-) -> dict[str, Any]:
-    """One (model, length) point, run in its own process by ``main``."""
+def model_and_batch(name: str, length: int, batch_size: int, device: str) -> tuple[Any, Any]:
+    """The model at hidden ``HIDDEN`` and a batch of random full-length histories."""
     import torch
 
     from seqrec.batch import SeqBatch
@@ -77,11 +80,21 @@ def measure_model(
     section = {**MODELS[name], "hidden_size": HIDDEN, "max_seq_len": length}
     model = build_model(build_model_config(section, num_items=NUM_ITEMS)).to(device)
     items = torch.randint(1, NUM_ITEMS + 1, (batch_size, length + 1), device=device)
-    batch = SeqBatch(input_ids=items[:, :-1], labels=items[:, 1:])
+    return model.train(), SeqBatch(input_ids=items[:, :-1], labels=items[:, 1:])
 
-    def train_step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(batch).loss.backward()
+
+def train_step(model: Any, batch: Any) -> None:
+    model.zero_grad(set_to_none=True)
+    model(batch).loss.backward()
+
+
+def measure_model(
+    name: str, length: int, batch_size: int, repeats: int, device: str
+) -> dict[str, Any]:
+    """Times of one (model, length) point, run in its own process by ``main``."""
+    import torch
+
+    model, batch = model_and_batch(name, length, batch_size, device)
 
     def backbone_step() -> None:
         model.zero_grad(set_to_none=True)
@@ -91,17 +104,7 @@ def measure_model(
         if device == "cuda":
             torch.cuda.synchronize()
 
-    model.train()
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        before = current_rss_bytes()
-    train = timed(lambda: (train_step(), sync()), repeats)
-    if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    train = timed(lambda: (train_step(model, batch), sync()), repeats)
     backbone = timed(lambda: (backbone_step(), sync()), repeats)
     model.eval()
     one = batch.input_ids[:1]
@@ -114,9 +117,24 @@ def measure_model(
         "train_step_s": train,
         "backbone_step_s": backbone,
         "one_user_latency_ms": latency * 1e3,
-        "train_peak_mib": peak / 2**20,
-        "memory_measure": "cuda max_memory_allocated" if device == "cuda" else "ru_maxrss growth",
     }
+
+
+def measure_memory(name: str, length: int, batch_size: int, device: str) -> float:
+    """MiB of peak memory growth over one training step (see the module docstring)."""
+    import torch
+
+    train_step(*model_and_batch(name, 16, batch_size, device))  # warm-up: loads the kernels
+    model, batch = model_and_batch(name, length, batch_size, device)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        train_step(model, batch)
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    before = current_rss_bytes()
+    train_step(model, batch)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) / 2**20
 
 
 def cpu_scans() -> dict[str, Callable[..., Any]]:
@@ -211,6 +229,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
         return measure_model(
             spec["model"], spec["length"], spec["batch_size"], spec["repeats"], spec["device"]
         )
+    if kind == "memory":
+        mib = measure_memory(spec["model"], spec["length"], spec["batch_size"], spec["device"])
+        return {"peak_mib": mib}
     if kind == "scans":
         return [
             scan_row(length, spec["batch_size"], spec["repeats"], spec["reference_max"])
@@ -221,10 +242,28 @@ def child(spec: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
     return measure_block(spec["repeats"])
 
 
-def run_child(spec: dict[str, Any]) -> Any:
+def run_child(spec: dict[str, Any], env: dict[str, str] | None = None) -> Any:
     command = [sys.executable, __file__, "--child", json.dumps(spec)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    environment = {**os.environ, **(env or {})}
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# glibc: allocations of 64 KiB and more get their own mapping, unmapped when freed.
+LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def memory_figures(spec: dict[str, Any]) -> dict[str, Any]:
+    """Peak MiB of one training step: on CUDA allocated bytes; on CPU "live" and "RSS"."""
+    spec = {**spec, "kind": "memory"}
+    if spec["device"] == "cuda":
+        peak = run_child(spec)["peak_mib"]
+        return {"train_peak_mib": peak, "memory_measure": "cuda max_memory_allocated"}
+    return {
+        "train_peak_mib": run_child(spec, LIVE_MEMORY_ENV)["peak_mib"],
+        "train_peak_rss_mib": run_child(spec)["peak_mib"],
+        "memory_measure": "ru_maxrss growth; live: MALLOC_MMAP_THRESHOLD_=65536",
+    }
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -295,7 +334,7 @@ def main() -> None:
                 "length": length,
                 "device": args.device,
             }
-            rows.append(run_child(spec))
+            rows.append({**run_child(spec), **memory_figures(spec)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     scans = run_child(
         {**common, "kind": "scans", "lengths": lengths, "reference_max": reference_max}
@@ -311,14 +350,17 @@ def main() -> None:
         f"{NUM_ITEMS} items, batch {args.batch_size}, {args.device}, {threads} threads, "
         f"median of {repeats}"
     )
-    header = ("length", "model", "train s", "backbone s", "1 user ms", "peak MiB")
-    print("{:>6} {:<10} {:>8} {:>11} {:>10} {:>9}".format(*header))
+    header = ("length", "model", "train s", "backbone s", "1 user ms", "peak MiB", "RSS MiB")
+    print("{:>6} {:<10} {:>8} {:>11} {:>10} {:>9} {:>8}".format(*header))
     for r in rows:
         values = (r["length"], r["model"], r["train_step_s"], r["backbone_step_s"])
+        rss = f"{r['train_peak_rss_mib']:>8.0f}" if "train_peak_rss_mib" in r else f"{'-':>8}"
         print(
             "{:>6} {:<10} {:>8.3f} {:>11.3f}".format(*values),
-            f"{r['one_user_latency_ms']:>10.2f} {r['train_peak_mib']:>9.0f}",
+            f"{r['one_user_latency_ms']:>10.2f} {r['train_peak_mib']:>9.0f} {rss}",
         )
+    if args.device == "cpu":
+        print("peak MiB: live tensors (allocator returns freed blocks); RSS: glibc defaults")
     print(f"\nSelective scan, forward + backward, batch {args.batch_size}, d_inner 128, N 32")
     names = [name for name in ("fast", "numba") if f"{name}_s" in scans[0]]
     print(f"{'length':>6} {'reference s':>12}", end="")
@@ -340,7 +382,8 @@ def main() -> None:
         )
     print(f"\nMamba block alone, batch 128 x length 200, d {HIDDEN}, N 32 (budget 0.86 s):")
     for name in names:
-        print(f"  scan {name}: {block[name + '_step_s']:.3f} s per forward + backward")
+        label = f"{name} (fused block)" if name == "numba" else name
+        print(f"  scan {label}: {block[name + '_step_s']:.3f} s per forward + backward")
 
     result = {
         "settings": {

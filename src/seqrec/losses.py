@@ -127,12 +127,15 @@ class _FusedFullCE(torch.autograd.Function):
             h = hidden[start : start + chunk]  # (c, D)
             target = (labels[start : start + chunk] - 1).unsqueeze(1)  # (c, 1)
             logits = h @ catalogue.T  # (c, N)
-            lse = logits.logsumexp(dim=1, keepdim=True)  # (c, 1)
-            total += (lse - logits.gather(1, target)).sum(dtype=torch.float64)
+            picked = logits.gather(1, target)  # (c, 1)
+            # log-sum-exp written out so that one exp pass serves the loss and the gradient
+            peak = logits.amax(dim=1, keepdim=True)  # (c, 1)
+            probs = logits.sub_(peak).exp_()  # in place: exp(logit - max)
+            norm = probs.sum(dim=1, keepdim=True)  # (c, 1)
+            total += (norm.log() + peak - picked).sum(dtype=torch.float64)
             if grad_hidden is not None and grad_items is not None:
-                probs = logits.sub_(lse).exp_()  # softmax, in place
-                probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype))
-                probs.div_(P)
+                probs.mul_(norm.mul_(P).reciprocal_())  # softmax / P
+                probs.scatter_add_(1, target, torch.full_like(picked, -1.0 / P))
                 grad_hidden[start : start + chunk] = probs @ catalogue
                 grad_items[1:].addmm_(probs.T, h)
         ctx.save_for_backward(grad_hidden, grad_items)  # type: ignore[arg-type]

@@ -229,7 +229,7 @@ def test_every_implementation_has_an_entry() -> None:
 
 
 def test_auto_on_cpu_picks_numba_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    scan_module._log_auto_choice.cache_clear()
+    scan_module.log_auto_choice.cache_clear()
     args = [t.detach().float() for t in inputs(2, 3, 5, 4)]
     with caplog.at_level(logging.INFO, logger="seqrec.nn.selective_scan"):
         y, _ = selective_scan(*args, impl="auto")
@@ -243,7 +243,7 @@ def test_auto_on_cpu_picks_numba_and_says_so(caplog: pytest.LogCaptureFixture) -
 def test_auto_without_numba_picks_fast_and_names_the_extra(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    scan_module._log_auto_choice.cache_clear()
+    scan_module.log_auto_choice.cache_clear()
     monkeypatch.setattr(scan_module, "_numba_kernel", lambda: None)
     args = [t.detach().float() for t in inputs(2, 3, 5, 4)]
     with caplog.at_level(logging.INFO, logger="seqrec.nn.selective_scan"):
@@ -254,7 +254,7 @@ def test_auto_without_numba_picks_fast_and_names_the_extra(
     torch.testing.assert_close(y, selective_scan(*args, impl="reference")[0])
     with pytest.raises(RuntimeError, match=r"pip install 'seqrec\[numba\]'"):
         check_scan_impl("numba")
-    scan_module._log_auto_choice.cache_clear()
+    scan_module.log_auto_choice.cache_clear()
 
 
 def test_auto_falls_back_to_fast_where_the_kernel_does_not_apply() -> None:

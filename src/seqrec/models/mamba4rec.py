@@ -32,7 +32,9 @@ Differences from the reference implementation, all deliberate:
   right padding it never reaches an output).
 - The selective scan runs on CPU too: ``scan: auto`` takes the mamba-ssm kernel on CUDA
   tensors and seqrec's compiled numba kernel on CPU tensors when they are installed, and
-  ``seqrec.nn.selective_scan``'s chunked fast path otherwise.
+  ``seqrec.nn.selective_scan``'s chunked fast path otherwise. With the numba kernel, a block
+  that needs no recurrent state (training, scoring) runs as one fused function,
+  ``seqrec.nn.mamba_inner``: the same computation, with a fraction of the activation memory.
 - ``positional_embedding: true`` (the paper's ablation) adds learned positions counted from
   the oldest item of the (truncated) history, as RecBole's position ids are.
 - ``ffn: false`` drops the PFFN (the paper's "Mamba block only" ablation).
@@ -58,7 +60,8 @@ from seqrec.config import ConfigError
 from seqrec.losses import fused_full_ce
 from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
 from seqrec.nn.dropout import Dropout
-from seqrec.nn.selective_scan import ScanImpl, check_scan_impl, selective_scan
+from seqrec.nn.mamba_inner import fused_block_applies, mamba_inner_numba
+from seqrec.nn.selective_scan import ScanImpl, check_scan_impl, log_auto_choice, selective_scan
 
 LN_EPS = 1e-12  # the reference code's LayerNorm eps
 
@@ -145,6 +148,23 @@ class MambaBlock(nn.Module):
         Padded positions must hold zeros in ``x`` (the caller masks them).
         """
         L = x.size(1)
+        if not return_state and scan in ("auto", "numba") and fused_block_applies(x):
+            if scan == "auto":
+                log_auto_choice("numba", "cpu")
+            out = mamba_inner_numba(
+                x,
+                real,
+                self.in_proj.weight,
+                self.conv1d.weight,
+                self.conv1d.bias,
+                self.x_proj.weight,
+                self.dt_proj.weight,
+                self.dt_proj.bias,
+                self.A_log,
+                self.D,
+                self.out_proj.weight,
+            )
+            return (out[:, -1:] if last_only else out), None
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E*D) each
         xs = xs.transpose(1, 2)  # (B, E*D, L)
         u = F.silu(self.conv1d(xs)[..., :L])  # causal: the output at t sees t-K+1..t

@@ -20,6 +20,10 @@ Shapes (B rows, L steps, D channels, N states):
     u, delta, y: (B, L, D)   A: (N, D)   Bt, Ct: (B, L, N)   skip: (D,)
     starts: (B, ceil(L / SEGMENT), N, D)   last: (B, N, D)
 
+The causal depthwise convolution and SiLU in front of the scan (``conv_silu_forward`` /
+``conv_silu_backward``) are here too, for the fused Mamba block of ``seqrec.nn.mamba_inner``:
+same layout, one thread per row, the backward recomputes the conv instead of keeping it.
+
 Importing this module compiles nothing; the first call compiles (some seconds) and caches
 the machine code on disk for later processes.
 """
@@ -154,7 +158,9 @@ def scan_backward(
     grad_skip_rows: F32,
 ) -> None:
     """Gradients of ``scan_forward``, one thread per row. grad_A_rows (B, N, D) and
-    grad_skip_rows (B, D) are per-row partial sums, summed by the caller."""
+    grad_skip_rows (B, D) are per-row partial sums, summed by the caller. grad_u may be
+    grad_y itself: step t reads its row of grad_y before it writes that row of grad_u, and
+    no other step reads it."""
     rows, length, channels = u.shape
     state = A.shape[0]
     for b in numba.prange(rows):
@@ -257,3 +263,93 @@ def exp_nonpositive(x: F32) -> F32:
 def _exp_array(x: F32, out: F32) -> None:
     for i in range(x.size):
         out[i] = _exp_nonpositive(x[i])
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _sigmoid(a: np.float32) -> np.float32:
+    """1 / (1 + exp(-a)) through ``_exp_nonpositive`` of -|a|: no overflow, vectorisable."""
+    e = _exp_nonpositive(-abs(a))
+    return _ONE / (_ONE + e) if a >= _ZERO else e / (_ONE + e)
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _conv_at(xz: F32, weight: F32, bias: F32, t: int, acc: F32) -> None:
+    """acc (C,) <- bias + sum_k weight[k] * x_{t - K + 1 + k}, x = xz[:, :C] of one row; steps
+    before the start count as zeros."""
+    width, channels = weight.shape
+    for d in range(channels):
+        acc[d] = bias[d]
+    for k in range(max(0, width - 1 - t), width):
+        x = xz[t - width + 1 + k]
+        w = weight[k]
+        for d in range(channels):
+            acc[d] += w[d] * x[d]
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def conv_silu_forward(xz: F32, weight: F32, bias: F32, real: F32, u: F32) -> None:
+    """u = real * SiLU(causal depthwise conv of x + bias), x the first C channels of xz.
+
+    xz: (B, L, 2C) (x then Mamba's gate z), weight: (K, C), bias: (C,), real: (B, L) 1 or 0,
+    u: (B, L, C), written.
+    """
+    rows, length, channels = u.shape
+    for b in numba.prange(rows):
+        acc = np.empty(channels, dtype=np.float32)
+        for t in range(length):
+            out = u[b, t]
+            if real[b, t] == _ZERO:
+                out[:] = _ZERO
+                continue
+            _conv_at(xz[b], weight, bias, t, acc)
+            for d in range(channels):
+                out[d] = acc[d] * _sigmoid(acc[d])
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def conv_silu_backward(
+    xz: F32,
+    weight: F32,
+    bias: F32,
+    real: F32,
+    grad_u: F32,
+    grad_xz: F32,
+    grad_weight_rows: F32,
+    grad_bias_rows: F32,
+) -> None:
+    """Gradients of ``conv_silu_forward``: writes the x half of grad_xz (B, L, 2C), and the
+    per-row partial sums grad_weight_rows (B, K, C) and grad_bias_rows (B, C)."""
+    rows, length, channels = grad_u.shape
+    width = weight.shape[0]
+    for b in numba.prange(rows):
+        g_acc = np.empty((length, channels), dtype=np.float32)  # dL/d(conv output)
+        acc = np.empty(channels, dtype=np.float32)
+        g_w = np.zeros((width, channels), dtype=np.float32)
+        g_b = np.zeros(channels, dtype=np.float32)
+        for t in range(length):
+            ga = g_acc[t]
+            if real[b, t] == _ZERO:
+                ga[:] = _ZERO
+                continue
+            _conv_at(xz[b], weight, bias, t, acc)
+            gu = grad_u[b, t]
+            for d in range(channels):
+                s = _sigmoid(acc[d])
+                ga[d] = gu[d] * s * (_ONE + acc[d] * (_ONE - s))  # SiLU'(a) = s (1 + a (1 - s))
+                g_b[d] += ga[d]
+            for k in range(max(0, width - 1 - t), width):
+                x = xz[b, t - width + 1 + k]
+                gw = g_w[k]
+                for d in range(channels):
+                    gw[d] += ga[d] * x[d]
+        for s_ in range(length):
+            gx = grad_xz[b, s_]
+            for d in range(channels):
+                gx[d] = _ZERO
+            for k in range(max(0, s_ + width - length), width):
+                ga = g_acc[s_ + width - 1 - k]  # the output at t = s + K - 1 - k saw x_s via tap k
+                w = weight[k]
+                for d in range(channels):
+                    gx[d] += w[d] * ga[d]
+        grad_weight_rows[b] = g_w
+        grad_bias_rows[b] = g_b

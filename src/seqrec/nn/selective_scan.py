@@ -25,10 +25,11 @@ installed and applies, "fast" otherwise, and logs its choice once per device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, Literal
 
@@ -440,7 +441,7 @@ def selective_scan_numba(
     return y.to(u.dtype), (last if return_last_state else None)
 
 
-def _arrays(*tensors: Tensor) -> list[Any]:
+def numpy_views(*tensors: Tensor) -> list[Any]:
     """Contiguous float32 numpy views (copies only where the layout needs them)."""
     return [t.detach().contiguous().numpy() for t in tensors]
 
@@ -453,17 +454,15 @@ class _KernelScan(torch.autograd.Function):
     def forward(
         ctx: Any, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     ) -> tuple[Tensor, Tensor]:
-        kernel = _loaded_numba_kernel()
         rows, channels, length = u.shape
         state = A.size(1)
         ut, dt, At, Bt, Ct = (t.transpose(-1, -2).contiguous() for t in (u, delta, A, B, C))
         y = u.new_empty(rows, length, channels)
-        segments = -(-length // kernel.SEGMENT)
+        segments = -(-length // _loaded_numba_kernel().SEGMENT)
         starts = u.new_empty(rows, segments, state, channels)
         last = u.new_empty(rows, state, channels)
-        with _NUMBA_LOCK:
-            _set_numba_threads()
-            kernel.scan_forward(*_arrays(ut, dt, At, Bt, Ct, D, y, starts, last))
+        with numba_turn() as kernel:
+            kernel.scan_forward(*numpy_views(ut, dt, At, Bt, Ct, D, y, starts, last))
         ctx.save_for_backward(ut, dt, At, Bt, Ct, D, starts)
         ctx.set_materialize_grads(False)
         return y.transpose(1, 2), last.transpose(1, 2)
@@ -471,7 +470,6 @@ class _KernelScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor | None, grad_last: Tensor | None) -> tuple[Any, ...]:
         ut, dt, At, Bt, Ct, D, starts = ctx.saved_tensors
-        kernel = _loaded_numba_kernel()
         rows, _, channels = ut.shape
         state = At.size(0)
         gy = torch.zeros_like(ut) if grad_y is None else grad_y.float().transpose(1, 2)
@@ -483,11 +481,10 @@ class _KernelScan(torch.autograd.Function):
         g_A_rows = ut.new_empty(rows, state, channels)
         g_Bt, g_Ct = torch.empty_like(Bt), torch.empty_like(Ct)
         g_D_rows = ut.new_empty(rows, channels)
-        with _NUMBA_LOCK:
-            _set_numba_threads()
+        with numba_turn() as kernel:
             kernel.scan_backward(
-                *_arrays(ut, dt, At, Bt, Ct, D, starts, gy, gl),
-                *_arrays(g_u, g_delta, g_A_rows, g_Bt, g_Ct, g_D_rows),
+                *numpy_views(ut, dt, At, Bt, Ct, D, starts, gy, gl),
+                *numpy_views(g_u, g_delta, g_A_rows, g_Bt, g_Ct, g_D_rows),
             )
         return (
             g_u.transpose(1, 2),
@@ -497,6 +494,16 @@ class _KernelScan(torch.autograd.Function):
             g_Ct.transpose(1, 2),
             g_D_rows.sum(0),
         )
+
+
+@contextlib.contextmanager
+def numba_turn() -> Iterator[ModuleType]:
+    """``seqrec.nn.scan_kernel``, with this process's turn at numba's thread pool (the lock)
+    and numba's thread count set to torch's for the calls made inside."""
+    kernel = _loaded_numba_kernel()
+    with _NUMBA_LOCK:
+        _set_numba_threads()
+        yield kernel
 
 
 def _set_numba_threads() -> None:
@@ -516,7 +523,7 @@ SCANS: dict[Literal["reference", "fast", "numba", "cuda"], ScanFn] = {
 
 
 @functools.cache
-def _log_auto_choice(choice: str, device: str) -> None:
+def log_auto_choice(choice: str, device: str) -> None:
     if device == "cuda" and choice != "cuda":
         logger.warning(
             "selective scan 'auto' uses the %r implementation on cuda: the mamba-ssm kernel "
@@ -553,5 +560,5 @@ def selective_scan(
             impl = "cuda" if _mamba_kernel() is not None else "fast"
         else:
             impl = "numba" if numba_scan_applies(u, delta, A) else "fast"
-        _log_auto_choice(impl, u.device.type)
+        log_auto_choice(impl, u.device.type)
     return SCANS[impl](u, delta, A, B, C, D, return_last_state=return_last_state)
