@@ -76,22 +76,25 @@ def _flat(x: Tensor) -> Tensor:
     return x.reshape(-1, x.size(-1))
 
 
-def _dt_pre(low: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """low W^T + b: (B, L, R) -> (B, L, C), Delta before its softplus and padding mask."""
-    return torch.addmm(bias, _flat(low), weight.T).view(*low.shape[:2], -1)
+def _dt_pre(low: Tensor, weight: Tensor, bias: Tensor, out: Tensor) -> Tensor:
+    """low W^T + b into ``out`` (B, L, C): Delta before its softplus and padding mask."""
+    assert out.is_contiguous()  # else the flat view below would be a copy
+    torch.addmm(bias, _flat(low), weight.T, out=_flat(out))
+    return out
 
 
-def _delta(low: Tensor, weight: Tensor, bias: Tensor, real: Tensor) -> Tensor:
-    """Delta = real * softplus(low W^T + b): (B, L, C)."""
-    return F.softplus(_dt_pre(low, weight, bias)).mul_(real.unsqueeze(-1))
+def _delta(low: Tensor, weight: Tensor, bias: Tensor, real: Tensor, out: Tensor) -> Tensor:
+    """Delta = real * softplus(low W^T + b) into ``out`` (B, L, C)."""
+    pre = _dt_pre(low, weight, bias, out)
+    return torch.logaddexp(pre, pre.new_zeros(()), out=pre).mul_(real.unsqueeze(-1))
 
 
-def _conv_silu(xz: Tensor, weight: Tensor, bias: Tensor, real: Tensor) -> Tensor:
-    """u (B, L, C) from xz (B, L, 2C), the conv taps (K, C) and bias (C,)."""
-    u = xz.new_empty(xz.size(0), xz.size(1), weight.size(1))
+def _conv_silu(xz: Tensor, weight: Tensor, bias: Tensor, real: Tensor, out: Tensor) -> Tensor:
+    """u into ``out`` (B, L, C) from xz (B, L, 2C), the conv taps (K, C) and bias (C,)."""
+    assert out.is_contiguous()  # else the kernel would write into a copy
     with numba_turn() as kernel:
-        kernel.conv_silu_forward(*numpy_views(xz, weight, bias, real, u))
-    return u
+        kernel.conv_silu_forward(*numpy_views(xz, weight, bias, real, out))
+    return out
 
 
 class _MambaInner(torch.autograd.Function):
@@ -115,17 +118,17 @@ class _MambaInner(torch.autograd.Function):
         rank = dt_proj_weight.size(1)
         xz = torch.mm(_flat(hidden), in_proj_weight.T).view(rows, length, -1)  # (B, L, 2C)
         taps = conv_weight[:, 0].T.contiguous()  # (K, C)
-        u = _conv_silu(xz, taps, conv_bias, real)
+        u = _conv_silu(xz, taps, conv_bias, real, out=xz.new_empty(rows, length, channels))
         proj = torch.mm(_flat(u), x_proj_weight.T).view(rows, length, -1)  # (B, L, R + 2N)
         low, B, C = (p.contiguous() for p in torch.split(proj, [rank, state, state], dim=-1))
-        delta = _delta(low, dt_proj_weight, dt_proj_bias, real)
+        delta = _delta(low, dt_proj_weight, dt_proj_bias, real, out=torch.empty_like(u))
         At = (-torch.exp(A_log)).T.contiguous()  # (N, C)
         with numba_turn() as kernel:
-            y = xz.new_empty(rows, length, channels)
+            y = torch.empty_like(u)
             starts = xz.new_empty(rows, -(-length // kernel.SEGMENT), state, channels)
             last = xz.new_empty(rows, state, channels)
             kernel.scan_forward(*numpy_views(u, delta, At, B, C, D, y, starts, last))
-        gated = y * F.silu(xz[..., channels:])
+        gated = torch.mul(F.silu(xz[..., channels:], inplace=False), y, out=delta)
         out = torch.mm(_flat(gated), out_proj_weight.T).view(rows, length, -1)
         ctx.save_for_backward(
             hidden,
@@ -171,23 +174,29 @@ class _MambaInner(torch.autograd.Function):
         state, channels = At.shape
         g_out = _flat(grad_out.float())  # (B L, D)
         xz = torch.mm(_flat(hidden), in_proj_weight.T).view(rows, length, -1)  # (B, L, 2C)
+        # At long histories every fresh (B, L, C) buffer costs page faults worth several
+        # elementwise passes, so dead buffers are reused below (``out=``, in place).
+        g_xz = torch.empty_like(xz)
+        scratch = g_xz.view(-1, 2 * channels)[:, :channels]  # its x half, until the conv's turn
+        g_z = g_xz[..., channels:]
 
         # out = gated W_out^T, gated = y * SiLU(z)
         z = xz[..., channels:]
         sig_z = torch.sigmoid(z)
         silu_z = z * sig_z
-        g_out_proj = torch.mm(g_out.T, _flat(y * silu_z))  # (D, C)
+        g_out_proj = torch.mm(g_out.T, torch.mul(_flat(y), _flat(silu_z), out=scratch))  # (D, C)
         g_gated = torch.mm(g_out, out_proj_weight).view(rows, length, channels)
-        g_xz = torch.empty_like(xz)
-        # dL/dz = g_gated * y * SiLU'(z), SiLU'(z) = sigma(z) (1 + z (1 - sigma(z)))
-        torch.mul(g_gated, y, out=g_xz[..., channels:])
-        g_xz[..., channels:].mul_(z.mul(1.0 - sig_z).add_(1.0).mul_(sig_z))
+        # dL/dz = g_gated * y * SiLU'(z), SiLU'(z) = sigma(z) + SiLU(z) (1 - sigma(z))
+        silu_grad = torch.mul(_flat(silu_z), _flat(sig_z), out=scratch).view_as(g_z)
+        silu_grad = torch.sub(silu_z, silu_grad, out=silu_grad).add_(sig_z)
+        torch.mul(silu_grad, y, out=g_z).mul_(g_gated)
         g_y = g_gated.mul_(silu_z)
-        del sig_z, silu_z, g_gated
 
-        # The scan, from u and Delta recomputed. dL/du overwrites dL/dy (the kernel allows it).
-        u = _conv_silu(xz, taps, conv_bias, real)
-        delta = _delta(low, dt_proj_weight, dt_proj_bias, real)
+        # The scan, from u and Delta recomputed into the buffers of SiLU(z) and sigma(z).
+        # dL/du overwrites dL/dy (the kernel allows it).
+        u = _conv_silu(xz, taps, conv_bias, real, out=sig_z)
+        delta = _delta(low, dt_proj_weight, dt_proj_bias, real, out=silu_z)
+        del sig_z, silu_z
         g_u, g_delta = g_y, torch.empty_like(u)
         g_A_rows = xz.new_empty(rows, state, channels)
         g_B, g_C = torch.empty_like(B), torch.empty_like(C)
@@ -198,13 +207,12 @@ class _MambaInner(torch.autograd.Function):
                 *numpy_views(u, delta, At, B, C, D, starts, g_y, no_grad_last),
                 *numpy_views(g_u, g_delta, g_A_rows, g_B, g_C, g_D_rows),
             )
-        del delta
 
         # Delta = real * softplus(pre), pre = low W_dt^T + b_dt: softplus' = sigma
-        pre = _dt_pre(low, dt_proj_weight, dt_proj_bias)  # recomputed: one buffer less held
-        g_pre = _flat(g_delta.mul_(torch.sigmoid_(pre)).mul_(real.unsqueeze(-1)))  # (B L, C)
-        del pre
-        g_dt_proj = torch.mm(g_pre.T, _flat(low))  # (C, R)
+        sig_pre = _dt_pre(low, dt_proj_weight, dt_proj_bias, out=delta).sigmoid_()
+        g_pre = _flat(g_delta.mul_(sig_pre).mul_(real.unsqueeze(-1)))  # (B L, C)
+        del delta, sig_pre
+        g_dt_proj = torch.mm(_flat(low).T, g_pre).T  # (C, R); as g_pre^T low, BLAS is 20x slower
         g_dt_bias = g_pre.sum(0)
         g_proj = torch.cat([torch.mm(g_pre, dt_proj_weight).view_as(low), g_B, g_C], dim=-1)
         del g_pre, g_delta
