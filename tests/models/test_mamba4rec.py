@@ -109,6 +109,49 @@ def test_incremental_state_is_not_truncated() -> None:
     torch.testing.assert_close(model.score(ids), model.score(ids[:, -L:]))
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"num_layers": 2}, {"ffn": False}, {"positional_embedding": True}, {"conv_kernel": 1}],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default",
+)
+def test_compiled_step_equals_the_pytorch_step(changes: dict[str, object]) -> None:
+    """scan numba steps with seqrec.nn.step_kernel; scan fast with PyTorch ops (the reference)."""
+    compiled, reference = build(**changes, scan="numba"), build(**changes, scan="fast")
+    ids = histories(3, L, [L, 4, 1])
+    state, _ = compiled.init_state(ids[:, :-1])
+    assert compiled._step_compiles(state) and not reference._step_compiles(state)
+    before = [t.clone() for t in state.conv + state.ssm]
+    stepped, scores = compiled.step(state, ids[:, -1])
+    stepped_ref, scores_ref = reference.step(state, ids[:, -1])
+    torch.testing.assert_close(scores, scores_ref, rtol=1e-4, atol=1e-5)
+    for mine, theirs in zip(stepped.conv + stepped.ssm, stepped_ref.conv + stepped_ref.ssm):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(before, state.conv + state.ssm, strict=True))
+    assert stepped.length.tolist() == (state.length + 1).tolist()
+
+
+def test_compiled_step_sees_changed_and_replaced_weights() -> None:
+    model, other = build(scan="numba"), build(scan="numba", hidden_size=CONFIG.hidden_size)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ids = histories(2, L, [L, 3])
+    state, _ = model.init_state(ids[:, :-1])
+    model.step(state, ids[:, -1])  # builds the kernel's cached weights
+    with torch.no_grad():  # in place, as an optimizer step or load_state_dict does
+        for mine, theirs in zip(model.parameters(), other.parameters(), strict=True):
+            mine.copy_(theirs)
+    _, scores = model.step(state, ids[:, -1])
+    torch.testing.assert_close(scores, other.step(state, ids[:, -1])[1])
+    model.load_state_dict(build(scan="numba").state_dict(), assign=True)  # new tensors
+    _, scores = model.step(state, ids[:, -1])
+    torch.testing.assert_close(
+        scores, build(scan="fast").step(state, ids[:, -1])[1], rtol=1e-4, atol=1e-5
+    )
+    model.train()
+    assert not model._step_compiles(state)  # dropout is the PyTorch path's business
+
+
 def test_step_rejects_padding_and_positions_past_the_table() -> None:
     model = build(positional_embedding=True)
     ids = histories(2, L, [L, 2])

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +61,14 @@ from seqrec.losses import fused_full_ce
 from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.mamba_inner import fused_block_applies, mamba_inner_numba
-from seqrec.nn.selective_scan import ScanImpl, check_scan_impl, log_auto_choice, selective_scan
+from seqrec.nn.selective_scan import (
+    ScanImpl,
+    check_scan_impl,
+    log_auto_choice,
+    numba_available,
+    numpy_views,
+    selective_scan,
+)
 
 LN_EPS = 1e-12  # the reference code's LayerNorm eps
 
@@ -260,6 +267,61 @@ class MambaLayer(nn.Module):
         mixed, conv, ssm = self.mamba.step(x, conv, ssm)
         return self._finish(mixed, x), conv, ssm
 
+    def kernel_tensors(self) -> list[Tensor]:
+        """The parameters as ``seqrec.nn.step_kernel.layer_step`` reads them, in its order
+        (A_log where it takes A; no PFFN: empty stand-ins)."""
+        block, ffn = self.mamba, self.ffn
+        if ffn is None:
+            no_rows, nothing = block.D.new_empty(0, self.norm.weight.numel()), block.D.new_empty(0)
+            ffn_weights = [no_rows, nothing, no_rows.T, nothing, nothing, nothing]
+        else:
+            ffn_weights = [ffn.w_1.weight, ffn.w_1.bias, ffn.w_2.weight, ffn.w_2.bias]
+            ffn_weights += [ffn.norm.weight, ffn.norm.bias]
+        return [
+            block.A_log, block.in_proj.weight, block.conv1d.weight, _conv_bias(block.conv1d),
+            block.x_proj.weight, block.dt_proj.weight, block.dt_proj.bias, block.D,
+            block.out_proj.weight, self.norm.weight, self.norm.bias, *ffn_weights,
+        ]  # fmt: skip
+
+    def kernel_arguments(self) -> tuple[Any, ...]:
+        """``layer_step``'s arguments between A and the outputs: numpy views of the
+        parameters (sharing their memory) and the layer's settings."""
+        _, in_proj, conv, *rest = self.kernel_tensors()
+        arrays = numpy_views(in_proj, conv[:, 0], *rest)
+        return (*arrays[:10], self.residual, *arrays[10:], self.norm.eps)
+
+
+def _conv_bias(conv: nn.Conv1d) -> Tensor:
+    return conv.bias if conv.bias is not None else conv.weight.new_zeros(conv.out_channels)
+
+
+# Parameters registered on any module anywhere, counted so that the compiled step's cached
+# weights notice a parameter replaced by another (``load_state_dict(assign=True)``, ``=``).
+_registrations = 0
+
+
+def _count_registration(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+    global _registrations
+    _registrations += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_count_registration)
+
+
+@dataclass(frozen=True)
+class _KernelWeights:
+    """The compiled step's arguments, and the parameters they view."""
+
+    registrations: int
+    tensors: tuple[Tensor, ...]
+    pointers: tuple[int, ...]  # where their memory was: a moved parameter (``.to``) invalidates
+    embedding: tuple[Any, ...]  # embed_items' arguments between the positions and the output
+    layers: tuple[tuple[Any, ...], ...]  # layer_step's between A and the outputs, per layer
+
+    def valid(self) -> bool:
+        same_memory = (t.data_ptr() == p for t, p in zip(self.tensors, self.pointers, strict=True))
+        return self.registrations == _registrations and all(same_memory)
+
 
 @register_model
 class Mamba4Rec(ScoringRecommender):
@@ -276,6 +338,7 @@ class Mamba4Rec(ScoringRecommender):
         self.emb_norm = nn.LayerNorm(D, eps=LN_EPS)
         self.layers = nn.ModuleList(MambaLayer(config) for _ in range(config.num_layers))
         self.apply(self._init_weights)
+        self._kernel_cache: _KernelWeights | None = None
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -288,6 +351,13 @@ class Mamba4Rec(ScoringRecommender):
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
 
+    def _check_positions(self, largest: int) -> None:
+        if largest >= self.config.max_seq_len:
+            raise ValueError(
+                f"positional_embedding covers {self.config.max_seq_len} items; "
+                "a longer history cannot be encoded"
+            )
+
     def _embed(self, input_ids: Tensor, positions: Tensor | None) -> Tensor:
         """(B, L) ids and positions -> LayerNorm(Dropout(E + P)): (B, L, D).
 
@@ -298,11 +368,7 @@ class Mamba4Rec(ScoringRecommender):
         if self.pos_emb is not None:
             if positions is None:
                 positions = ((input_ids != PAD_ID).cumsum(dim=1) - 1).clamp(min=0)
-            if int(positions.max()) >= self.config.max_seq_len:
-                raise ValueError(
-                    f"positional_embedding covers {self.config.max_seq_len} items; "
-                    "a longer history cannot be encoded"
-                )
+            self._check_positions(int(positions.max()))
             x = x + self.pos_emb(positions)
         out: Tensor = self.emb_norm(self.emb_dropout(x))
         return out
@@ -355,14 +421,50 @@ class Mamba4Rec(ScoringRecommender):
         assert state is not None
         return state, hidden[:, -1] @ self.item_emb.weight.T
 
+    def _step_compiles(self, state: MambaState) -> bool:
+        """Whether ``step`` runs the numba kernels: at inference, when the scan is numba's
+        (``scan: auto`` or ``numba``) and they can take the tensors."""
+        tensors = (self.item_emb.weight, *state.conv, *state.ssm)
+        return (
+            not self.training
+            and self.config.scan in ("auto", "numba")
+            and numba_available()
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        )
+
+    def _kernel_weights(self) -> _KernelWeights:
+        """The compiled step's weights, rebuilt only when a parameter moved or was replaced.
+        Converting them on every step would cost more than the kernels themselves."""
+        if self._kernel_cache is None or not self._kernel_cache.valid():
+            layers = cast(list[MambaLayer], list(self.layers))
+            positions = self.pos_emb.weight if self.pos_emb is not None else None
+            no_positions = self.item_emb.weight.new_empty(0, self.config.hidden_size)
+            embedding = [self.item_emb.weight, positions if positions is not None else no_positions]
+            embedding += [self.emb_norm.weight, self.emb_norm.bias]
+            tensors = (*embedding, *(t for layer in layers for t in layer.kernel_tensors()))
+            self._kernel_cache = _KernelWeights(
+                registrations=_registrations,
+                tensors=tensors,
+                pointers=tuple(t.data_ptr() for t in tensors),
+                embedding=(*numpy_views(*embedding), self.emb_norm.eps),
+                layers=tuple(layer.kernel_arguments() for layer in layers),
+            )
+        return self._kernel_cache
+
     @torch.no_grad()
     def step(self, state: MambaState, item_ids: Tensor) -> tuple[MambaState, Tensor]:
         """Append one item per user, (B,) real ids -> the new state and (B, N + 1) scores.
 
-        O(1) in the history length; equals ``init_state`` on the extended histories.
+        O(1) in the history length; equals ``init_state`` on the extended histories. At
+        inference on CPU with numba (``scan: auto`` or ``numba``) it runs compiled kernels
+        (``seqrec.nn.step_kernel``); otherwise PyTorch operations, the reference.
         """
         if bool((item_ids == PAD_ID).any()):
             raise ValueError("step needs a real item for every user, not PAD_ID")
+        if self.pos_emb is not None:
+            self._check_positions(int(state.length.max()))
+        if self._step_compiles(state):
+            return self._step_compiled(state, item_ids)
         x = self._embed(item_ids.unsqueeze(1), state.length.unsqueeze(1))[:, 0]  # (B, D)
         convs, ssms = [], []
         layers = cast(list[MambaLayer], list(self.layers))
@@ -372,3 +474,42 @@ class Mamba4Rec(ScoringRecommender):
             ssms.append(ssm)
         new_state = MambaState(tuple(convs), tuple(ssms), state.length + 1)
         return new_state, x @ self.item_emb.weight.T
+
+    def _step_compiled(self, state: MambaState, item_ids: Tensor) -> tuple[MambaState, Tensor]:
+        from seqrec.nn import step_kernel
+
+        weights = self._kernel_weights()
+        x = self.item_emb.weight.new_empty(item_ids.size(0), self.config.hidden_size)
+        ids = item_ids.long()
+        step_kernel.embed_items(
+            *numpy_views(ids, state.length), *weights.embedding, *numpy_views(x)
+        )
+        convs, ssms = [], []
+        layers = cast(list[MambaLayer], list(self.layers))
+        for layer, arguments, conv, ssm in zip(
+            layers, weights.layers, state.conv, state.ssm, strict=True
+        ):
+            x, conv, ssm = _compiled_layer_step(layer, arguments, x, conv, ssm)
+            convs.append(conv)
+            ssms.append(ssm)
+        scores = x.new_empty(x.size(0), self.item_emb.num_embeddings)
+        step_kernel.item_scores(*[*numpy_views(x), weights.embedding[0], *numpy_views(scores)])
+        return MambaState(tuple(convs), tuple(ssms), state.length + 1), scores
+
+
+def _compiled_layer_step(
+    layer: MambaLayer, arguments: tuple[Any, ...], x: Tensor, conv: Tensor, ssm: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``layer.step`` at inference as one call of ``seqrec.nn.step_kernel.layer_step``, with
+    the layer's ``kernel_arguments``: the same values, without the dispatch cost of some
+    fifty small operations."""
+    from seqrec.nn import step_kernel
+
+    A = -torch.exp(layer.mamba.A_log.detach())  # recomputed: A_log may change in place
+    # Contiguous outputs (empty_like would copy a transposed state's strides): the kernel
+    # must write into these tensors, not into the copies numpy_views makes of others.
+    out, new_conv, new_ssm = (x.new_empty(t.shape) for t in (x, conv, ssm))
+    step_kernel.layer_step(
+        *numpy_views(x, conv, ssm, A), *arguments, *numpy_views(out, new_conv, new_ssm)
+    )
+    return out, new_conv, new_ssm

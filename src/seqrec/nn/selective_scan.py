@@ -389,6 +389,11 @@ def _numba_kernel() -> ModuleType | None:
     return scan_kernel
 
 
+def numba_available() -> bool:
+    """True when numba is installed and seqrec's CPU kernels load."""
+    return _numba_kernel() is not None
+
+
 def _loaded_numba_kernel() -> ModuleType:
     kernel = _numba_kernel()
     if kernel is None:
