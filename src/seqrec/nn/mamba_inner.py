@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqrec.nn.selective_scan import _numba_kernel, numba_turn, numpy_views
+from seqrec.nn.selective_scan import numba_available, numba_turn, numpy_views
 
 
 def fused_block_applies(hidden: Tensor) -> bool:
     """Whether ``mamba_inner_numba`` can run on this block input: numba installed, a float32
     CPU tensor."""
-    return _numba_kernel() is not None and not hidden.is_cuda and hidden.dtype == torch.float32
+    return numba_available() and not hidden.is_cuda and hidden.dtype == torch.float32
 
 
 def mamba_inner_numba(

@@ -342,12 +342,12 @@ def conv_silu_backward(
                 gw = g_w[k]
                 for d in range(channels):
                     gw[d] += ga[d] * x[d]
-        for s_ in range(length):
-            gx = grad_xz[b, s_]
+        for source in range(length):  # dL/dx_source, from the outputs that saw it
+            gx = grad_xz[b, source]
             for d in range(channels):
                 gx[d] = _ZERO
-            for k in range(max(0, s_ + width - length), width):
-                ga = g_acc[s_ + width - 1 - k]  # the output at t = s + K - 1 - k saw x_s via tap k
+            for k in range(max(0, source + width - length), width):
+                ga = g_acc[source + width - 1 - k]  # the output at t = source + K-1-k, tap k
                 w = weight[k]
                 for d in range(channels):
                     gx[d] += w[d] * ga[d]
