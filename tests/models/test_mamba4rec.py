@@ -119,12 +119,14 @@ def test_compiled_step_equals_the_pytorch_step(changes: dict[str, object]) -> No
     compiled, reference = build(**changes, scan="numba"), build(**changes, scan="fast")
     ids = histories(3, L, [L, 4, 1])
     state, _ = compiled.init_state(ids[:, :-1])
-    assert compiled._step_compiles(state) and not reference._step_compiles(state)
+    assert compiled._step_compiles(state, ids[:, -1])
+    assert not reference._step_compiles(state, ids[:, -1])
     before = [t.clone() for t in state.conv + state.ssm]
     stepped, scores = compiled.step(state, ids[:, -1])
     stepped_ref, scores_ref = reference.step(state, ids[:, -1])
     torch.testing.assert_close(scores, scores_ref, rtol=1e-4, atol=1e-5)
-    for mine, theirs in zip(stepped.conv + stepped.ssm, stepped_ref.conv + stepped_ref.ssm):
+    states, states_ref = stepped.conv + stepped.ssm, stepped_ref.conv + stepped_ref.ssm
+    for mine, theirs in zip(states, states_ref, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
     assert all(torch.equal(a, b) for a, b in zip(before, state.conv + state.ssm, strict=True))
     assert stepped.length.tolist() == (state.length + 1).tolist()
@@ -149,7 +151,7 @@ def test_compiled_step_sees_changed_and_replaced_weights() -> None:
         scores, build(scan="fast").step(state, ids[:, -1])[1], rtol=1e-4, atol=1e-5
     )
     model.train()
-    assert not model._step_compiles(state)  # dropout is the PyTorch path's business
+    assert not model._step_compiles(state, ids[:, -1])  # dropout is the PyTorch path's business
 
 
 def test_step_rejects_padding_and_positions_past_the_table() -> None:

@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -421,7 +422,7 @@ class Mamba4Rec(ScoringRecommender):
         assert state is not None
         return state, hidden[:, -1] @ self.item_emb.weight.T
 
-    def _step_compiles(self, state: MambaState) -> bool:
+    def _step_compiles(self, state: MambaState, item_ids: Tensor) -> bool:
         """Whether ``step`` runs the numba kernels: at inference, when the scan is numba's
         (``scan: auto`` or ``numba``) and they can take the tensors."""
         tensors = (self.item_emb.weight, *state.conv, *state.ssm)
@@ -429,6 +430,7 @@ class Mamba4Rec(ScoringRecommender):
             not self.training
             and self.config.scan in ("auto", "numba")
             and numba_available()
+            and item_ids.device.type == "cpu"
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
         )
 
@@ -459,11 +461,12 @@ class Mamba4Rec(ScoringRecommender):
         inference on CPU with numba (``scan: auto`` or ``numba``) it runs compiled kernels
         (``seqrec.nn.step_kernel``); otherwise PyTorch operations, the reference.
         """
-        if bool((item_ids == PAD_ID).any()):
+        compiled = self._step_compiles(state, item_ids)
+        if (item_ids.numpy() == PAD_ID).any() if compiled else bool((item_ids == PAD_ID).any()):
             raise ValueError("step needs a real item for every user, not PAD_ID")
         if self.pos_emb is not None:
             self._check_positions(int(state.length.max()))
-        if self._step_compiles(state):
+        if compiled:
             return self._step_compiled(state, item_ids)
         x = self._embed(item_ids.unsqueeze(1), state.length.unsqueeze(1))[:, 0]  # (B, D)
         convs, ssms = [], []
@@ -478,12 +481,10 @@ class Mamba4Rec(ScoringRecommender):
     def _step_compiled(self, state: MambaState, item_ids: Tensor) -> tuple[MambaState, Tensor]:
         from seqrec.nn import step_kernel
 
+        ids = item_ids.numpy().astype(np.int64, copy=False)
         weights = self._kernel_weights()
-        x = self.item_emb.weight.new_empty(item_ids.size(0), self.config.hidden_size)
-        ids = item_ids.long()
-        step_kernel.embed_items(
-            *numpy_views(ids, state.length), *weights.embedding, *numpy_views(x)
-        )
+        x = torch.from_numpy(np.empty((ids.shape[0], self.config.hidden_size), dtype=np.float32))
+        step_kernel.embed_items(*[ids, *numpy_views(state.length), *weights.embedding, x.numpy()])
         convs, ssms = [], []
         layers = cast(list[MambaLayer], list(self.layers))
         for layer, arguments, conv, ssm in zip(
@@ -492,9 +493,9 @@ class Mamba4Rec(ScoringRecommender):
             x, conv, ssm = _compiled_layer_step(layer, arguments, x, conv, ssm)
             convs.append(conv)
             ssms.append(ssm)
-        scores = x.new_empty(x.size(0), self.item_emb.num_embeddings)
-        step_kernel.item_scores(*[*numpy_views(x), weights.embedding[0], *numpy_views(scores)])
-        return MambaState(tuple(convs), tuple(ssms), state.length + 1), scores
+        scores = np.empty((ids.shape[0], self.item_emb.num_embeddings), dtype=np.float32)
+        step_kernel.item_scores(*[x.numpy(), weights.embedding[0], scores])
+        return MambaState(tuple(convs), tuple(ssms), state.length + 1), torch.from_numpy(scores)
 
 
 def _compiled_layer_step(
@@ -506,10 +507,7 @@ def _compiled_layer_step(
     from seqrec.nn import step_kernel
 
     A = -torch.exp(layer.mamba.A_log.detach())  # recomputed: A_log may change in place
-    # Contiguous outputs (empty_like would copy a transposed state's strides): the kernel
-    # must write into these tensors, not into the copies numpy_views makes of others.
-    out, new_conv, new_ssm = (x.new_empty(t.shape) for t in (x, conv, ssm))
-    step_kernel.layer_step(
-        *numpy_views(x, conv, ssm, A), *arguments, *numpy_views(out, new_conv, new_ssm)
-    )
+    outputs = [np.empty(t.shape, dtype=np.float32) for t in (x, conv, ssm)]
+    step_kernel.layer_step(*numpy_views(x, conv, ssm, A), *arguments, *outputs)
+    out, new_conv, new_ssm = (torch.from_numpy(array) for array in outputs)
     return out, new_conv, new_ssm

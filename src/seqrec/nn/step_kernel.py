@@ -24,6 +24,8 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from seqrec.nn.scan_kernel import _exp_nonpositive
+
 F32 = NDArray[np.float32]
 
 _SOFTPLUS_THRESHOLD = 20.0  # as torch's softplus: above it, softplus(x) = x
@@ -84,13 +86,14 @@ def _ssm_step(
     gated: F32,
     new_ssm: F32,
 ) -> None:
-    """new_ssm = exp(Delta A) ssm + Delta u B and gated = (new_ssm C + D u) * SiLU(z)."""
+    """new_ssm = exp(Delta A) ssm + Delta u B and gated = (new_ssm C + D u) * SiLU(z); the
+    decays with the scan kernel's float32 exp (Delta A <= 0), as the training scan does."""
     channels, state = A.shape
     for c in range(channels):
         drive = delta[c] * u[c]
         y = skip[c] * u[c]
         for n in range(state):
-            s = math.exp(delta[c] * A[c, n]) * ssm[c, n] + drive * B[n]
+            s = _exp_nonpositive(delta[c] * A[c, n]) * ssm[c, n] + drive * B[n]
             new_ssm[c, n] = s
             y += s * C[n]
         gated[c] = y * _silu(z[c])
