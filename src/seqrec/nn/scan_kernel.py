@@ -4,7 +4,7 @@ The sequential recurrence, h_t = exp(Delta_t A) * h_{t-1} + Delta_t u_t B_t, y_t
 skip u_t, one thread per batch row. Arrays are channel-minor, so the innermost loops run
 over the channels (Mamba's d_inner, 128 and up) with no reduction: long, vectorisable loops.
 No (B, L, D, N) tensor is ever made. The decays exp(Delta A) are most of the forward work;
-``_exp_nonpositive`` computes them with a polynomial and an exponent bit-cast, which the
+``exp_nonpositive_f32`` computes them with a polynomial and an exponent bit-cast, which the
 compiler vectorises (about 4x faster than the C library's exp per element) within 5e-7
 relative error, and exp(0) = 1 exactly, so left padding (Delta = 0) stays exact.
 
@@ -66,7 +66,7 @@ def _float_from_bits(typingctx, bits):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(fastmath=True, inline="always", cache=True)
-def _exp_nonpositive(x: np.float32) -> np.float32:
+def exp_nonpositive_f32(x: np.float32) -> np.float32:
     """exp(x) for x <= 0 in float32: x = k ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
     polynomial of degree 6, 2^k by writing k + 127 into the exponent bits."""
     x = max(x, _EXP_FLOOR)
@@ -108,7 +108,7 @@ def scan_forward(
                 bn = Bt[b, t, n]
                 cn = Ct[b, t, n]
                 for d in range(channels):
-                    v = _exp_nonpositive(dt[d] * a[d]) * hn[d] + drive[d] * bn
+                    v = exp_nonpositive_f32(dt[d] * a[d]) * hn[d] + drive[d] * bn
                     hn[d] = v
                     out[d] += cn * v
         last[b] = h
@@ -134,7 +134,7 @@ def _segment_states(
             cur = h[j + 1, n]
             dec = decay[j, n]
             for d in range(channels):
-                e = _exp_nonpositive(dt[d] * a[d])
+                e = exp_nonpositive_f32(dt[d] * a[d])
                 dec[d] = e
                 cur[d] = e * prev[d] + drive[d] * bn
 
@@ -252,7 +252,7 @@ def _adjoint_step(
 
 
 def exp_nonpositive(x: F32) -> F32:
-    """``_exp_nonpositive`` over an array (for tests)."""
+    """``exp_nonpositive_f32`` over an array (for tests)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty_like(x)
     _exp_array(x.reshape(-1), out.reshape(-1))
@@ -262,13 +262,13 @@ def exp_nonpositive(x: F32) -> F32:
 @numba.njit(fastmath=True, cache=True)
 def _exp_array(x: F32, out: F32) -> None:
     for i in range(x.size):
-        out[i] = _exp_nonpositive(x[i])
+        out[i] = exp_nonpositive_f32(x[i])
 
 
 @numba.njit(fastmath=True, inline="always", cache=True)
 def _sigmoid(a: np.float32) -> np.float32:
-    """1 / (1 + exp(-a)) through ``_exp_nonpositive`` of -|a|: no overflow, vectorisable."""
-    e = _exp_nonpositive(-abs(a))
+    """1 / (1 + exp(-a)) through ``exp_nonpositive_f32`` of -|a|: no overflow, vectorisable."""
+    e = exp_nonpositive_f32(-abs(a))
     return _ONE / (_ONE + e) if a >= _ZERO else e / (_ONE + e)
 
 

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from seqrec.nn.scan_kernel import _exp_nonpositive
+from seqrec.nn.scan_kernel import exp_nonpositive_f32
 
 F32 = NDArray[np.float32]
 
@@ -93,7 +93,7 @@ def _ssm_step(
         drive = delta[c] * u[c]
         y = skip[c] * u[c]
         for n in range(state):
-            s = _exp_nonpositive(delta[c] * A[c, n]) * ssm[c, n] + drive * B[n]
+            s = exp_nonpositive_f32(delta[c] * A[c, n]) * ssm[c, n] + drive * B[n]
             new_ssm[c, n] = s
             y += s * C[n]
         gated[c] = y * _silu(z[c])
