@@ -139,10 +139,14 @@ def measure_memory(name: str, length: int, batch_size: int, device: str) -> floa
 
 def cpu_scans() -> dict[str, Callable[..., Any]]:
     """The CPU scans to time: the chunked path, and the numba kernel when installed."""
-    from seqrec.nn.selective_scan import _numba_kernel, selective_scan_fast, selective_scan_numba
+    from seqrec.nn.selective_scan import (
+        numba_available,
+        selective_scan_fast,
+        selective_scan_numba,
+    )
 
     scans: dict[str, Callable[..., Any]] = {"fast": selective_scan_fast}
-    if _numba_kernel() is not None:
+    if numba_available():
         scans["numba"] = selective_scan_numba
     return scans
 

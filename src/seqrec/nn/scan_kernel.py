@@ -266,7 +266,7 @@ def _exp_array(x: F32, out: F32) -> None:
 
 
 @numba.njit(fastmath=True, inline="always", cache=True)
-def _sigmoid(a: np.float32) -> np.float32:
+def sigmoid_f32(a: np.float32) -> np.float32:
     """1 / (1 + exp(-a)) through ``exp_nonpositive_f32`` of -|a|: no overflow, vectorisable."""
     e = exp_nonpositive_f32(-abs(a))
     return _ONE / (_ONE + e) if a >= _ZERO else e / (_ONE + e)
@@ -303,7 +303,7 @@ def conv_silu_forward(xz: F32, weight: F32, bias: F32, real: F32, u: F32) -> Non
                 continue
             _conv_at(xz[b], weight, bias, t, acc)
             for d in range(channels):
-                out[d] = acc[d] * _sigmoid(acc[d])
+                out[d] = acc[d] * sigmoid_f32(acc[d])
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
@@ -334,7 +334,7 @@ def conv_silu_backward(
             _conv_at(xz[b], weight, bias, t, acc)
             gu = grad_u[b, t]
             for d in range(channels):
-                s = _sigmoid(acc[d])
+                s = sigmoid_f32(acc[d])
                 ga[d] = gu[d] * s * (_ONE + acc[d] * (_ONE - s))  # SiLU'(a) = s (1 + a (1 - s))
                 g_b[d] += ga[d]
             for k in range(max(0, width - 1 - t), width):

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from seqrec.nn.scan_kernel import exp_nonpositive_f32
+from seqrec.nn.scan_kernel import exp_nonpositive_f32, sigmoid_f32
 
 F32 = NDArray[np.float32]
 
@@ -53,8 +53,8 @@ def _matvec(matrix: F32, vector: F32, out: F32) -> None:
 
 
 @numba.njit(fastmath=True, cache=True)
-def _silu(x: float) -> float:
-    return x / (1.0 + math.exp(-x)) if x > -80.0 else 0.0
+def _silu(x: np.float32) -> np.float32:
+    return x * sigmoid_f32(x)
 
 
 @numba.njit(fastmath=True, cache=True)
