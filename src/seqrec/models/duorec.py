@@ -21,11 +21,12 @@ Differences from the reference code, all deliberate:
 - Views sharing a target with the anchor are removed from its negatives (they are false
   negatives: the supervised positive itself is such a sequence). The reference code keeps
   them; ``mask_same_target: false`` reproduces it.
-- The encoder is the library's SASRec (pre-LayerNorm blocks, ReLU FFN, final LayerNorm,
-  Xavier-normal init, padded keys masked, positions counted from the right). The reference
-  uses RecBole's BERT-style encoder: post-LayerNorm blocks, GELU FFN, LayerNorm on the input
-  embeddings, dropout on the attention probabilities as well, N(0, 0.02) init, positions
-  counted from the oldest item. Sizes, dropout rate and the unscaled embeddings follow it.
+- The encoder is the library's SASRec with all its switches (ReLU FFN, final LayerNorm,
+  padded keys masked); the shipped configs use the SASRec+ block (kang205's layout and
+  dropout placement) with the reference's N(0, 0.02) init and positions counted from the
+  oldest item. The reference uses RecBole's BERT-style encoder: post-LayerNorm blocks, GELU
+  FFN, LayerNorm on the input embeddings. Sizes, dropout rate and the unscaled embeddings
+  follow it.
 - Training positions: the reference trains on every prefix of every sequence as a separate
   example, each with its own supervised positive and contrastive term. Here a row trains its
   next-item loss at every position at once (the same examples, batched by user) and the

@@ -172,6 +172,12 @@ class RecRecConfig(ModelConfig):
         self.backbone_config()  # the backbone's own validation, now rather than at build
 
     @property
+    def loss_splits_by_rows(self) -> bool:
+        # Every labelled position is one example with its own history. With "last" a row
+        # has one example but the training loop weighs parts by their labelled positions.
+        return self.train_positions == "all"
+
+    @property
     def inference_depth(self) -> int:
         if self.depth is not None:
             return self.depth
