@@ -185,3 +185,32 @@ def test_trains_on_the_library_batches_with_a_sampled_loss() -> None:
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_prefix_examples_train_every_prefix_with_its_own_contrastive_term() -> None:
+    rng = np.random.default_rng(0)
+    rows = [list(rng.integers(1, NUM_ITEMS + 1, size=n)) for n in (6, 3, 9, 2, 5)]
+    model = build(examples="prefixes", dropout=0.0)
+    assert model.config.batch_needs.prefix_examples
+    assert not CONFIG.batch_needs.prefix_examples
+    batches = TrainBatches(
+        Sequences.from_lists(rows),
+        users=np.arange(len(rows)),
+        num_items=NUM_ITEMS,
+        max_seq_len=L,
+        batch_size=64,
+        needs=model.batch_needs,
+    )
+    (batch,) = list(batches.epoch(rng))
+    assert batch.labels is not None
+    assert batch.input_ids.size(0) == sum(len(r) - 1 for r in rows)  # one example per target
+    assert (batch.labels[:, :-1] == PAD_ID).all()
+    # the loss: CE of each example's newest state + lambda * InfoNCE over the examples
+    hidden, _ = model.encode(batch.input_ids)
+    items = model.output_embedding()
+    ce = F.cross_entropy(hidden[:, -1] @ items[1:].T, batch.labels[:, -1] - 1)
+    torch.testing.assert_close(model(batch).loss, loss_by_hand(model, batch))
+    assert not torch.allclose(model(batch).loss, ce)
+    torch.testing.assert_close(
+        build(examples="prefixes", dropout=0.0, contrastive_weight=0.0)(batch).loss, ce
+    )

@@ -28,11 +28,11 @@ Differences from the reference code, all deliberate:
   FFN, LayerNorm on the input embeddings. Sizes, dropout rate and the unscaled embeddings
   follow it.
 - Training positions: the reference trains on every prefix of every sequence as a separate
-  example, each with its own supervised positive and contrastive term. Here a row trains its
-  next-item loss at every position at once (the same examples, batched by user) and the
-  contrastive term at its newest position, where the batch provides a same-target sequence.
-  So an epoch has one contrastive example per user, not one per interaction, and fewer
-  optimizer steps.
+  example, each with its own supervised positive and contrastive term (``examples:
+  prefixes``). By default (``examples: rows``) a row trains its next-item loss at every
+  position at once (the same examples, batched by user) and the contrastive term at its
+  newest position, where the batch provides a same-target sequence. So an epoch has one
+  contrastive example per user, not one per interaction, and fewer optimizer steps.
 - A row whose target occurs nowhere else in the training data is its own supervised
   positive (its own history, dropped out differently), as in the reference.
 """
@@ -74,6 +74,10 @@ class DuoRecConfig(SASRecConfig):
     temperature: float = 1.0  # tau
     similarity: Literal["dot", "cos"] = "dot"
     mask_same_target: bool = True  # same-target views are not negatives
+    # "rows": a row per user, the next-item loss at every position and the contrastive term
+    # at the newest; "prefixes": as the reference, every training prefix is an example with
+    # its own next-item and contrastive terms (about L times more, smaller, steps per epoch).
+    examples: Literal["rows", "prefixes"] = "rows"
 
     @property
     def loss_splits_by_rows(self) -> bool:
@@ -96,7 +100,11 @@ class DuoRecConfig(SASRecConfig):
 
     @property
     def batch_needs(self) -> BatchNeeds:
-        return dataclasses.replace(super().batch_needs, same_target_sequences=self.uses_same_target)
+        return dataclasses.replace(
+            super().batch_needs,
+            same_target_sequences=self.uses_same_target,
+            prefix_examples=self.examples == "prefixes",
+        )
 
 
 def info_nce(
