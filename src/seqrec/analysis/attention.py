@@ -26,6 +26,7 @@ from seqrec.analysis.hooks import analyzable, padded_batches
 from seqrec.batch import PAD_ID
 from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet
+from seqrec.io import atomic_write_text
 from seqrec.models.base import SequentialRecommender
 
 logger = logging.getLogger(__name__)
@@ -360,7 +361,9 @@ def write_attention_report(
             ).name
     write_json({"runs": [r.label for r in runs], "notes": notes}, out / "summary.json")
     report = out / "report.md"
-    report.write_text(_attention_markdown(notes, figs, genre.section, recent, per_genre, seed))
+    atomic_write_text(
+        report, _attention_markdown(notes, figs, genre.section, recent, per_genre, seed)
+    )
     return report, notes
 
 

@@ -30,7 +30,7 @@ from seqrec.config import ConfigError, EvalConfig, SplitChoice
 from seqrec.data.batches import left_padded
 from seqrec.data.sequences import EvalSet, PreparedData
 from seqrec.evaluation import describe_protocol, evaluate_model
-from seqrec.io import atomic_write_text
+from seqrec.io import atomic_write, atomic_write_text
 from seqrec.models.base import SequentialRecommender, with_inference_settings
 from seqrec.models.recrec import RecRec, interest_diversity
 from seqrec.training.checkpoint import load_run
@@ -159,7 +159,7 @@ def plot_depth_curve(rows: Sequence[dict[str, Any]], path: Path, title: str) -> 
         axis.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
     plt.close(fig)
     return path
 

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from seqrec.io import atomic_write
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -43,7 +45,7 @@ def _save(fig: Figure, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
     plt.close(fig)
     return path
 
@@ -183,6 +185,8 @@ def genre_heatmaps(
     fig, axes = _figure(1, len(maps), (4.2 * len(maps), 3.8))
     for ax, (label, matrix) in zip(axes[0], maps, strict=True):
         image = ax.imshow(matrix, cmap="magma")
+        low, high = np.nanmin(matrix), np.nanmax(matrix)
+        dark = (matrix - low) < 0.6 * (high - low)  # magma is dark at the low end
         ax.set_xticks(range(len(genres)), genres, rotation=45, fontsize=8)
         ax.set_yticks(range(len(genres)), genres, fontsize=8)
         for i in range(len(genres)):
@@ -194,7 +198,7 @@ def genre_heatmaps(
                     ha="center",
                     va="center",
                     fontsize=6,
-                    color="white" if matrix[i, j] < np.nanmax(matrix) * 0.6 else "black",
+                    color="white" if dark[i, j] else "black",
                 )
         ax.set_title(label, fontsize=9)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)

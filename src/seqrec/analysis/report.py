@@ -40,6 +40,7 @@ from seqrec.analysis.tables import markdown_table, write_json, write_table
 from seqrec.config import EvalConfig
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import evaluate_model
+from seqrec.io import atomic_write_text
 from seqrec.models.base import SequentialRecommender
 
 logger = logging.getLogger(__name__)
@@ -445,7 +446,7 @@ def write_residual_report(results: ResidualResults, out: Path) -> tuple[Path, li
     notes: list[str] = []
     figs = _residual_figures(results, out, notes)
     report = out / "report.md"
-    report.write_text(_residual_markdown(results, paper, figs, notes))
+    atomic_write_text(report, _residual_markdown(results, paper, figs, notes))
     return report, notes
 
 
