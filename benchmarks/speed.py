@@ -38,6 +38,7 @@ def measure(
     epochs: int,
     data_dir: str | None,
     threads: int | None,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -55,6 +56,8 @@ def measure(
     torch.manual_seed(0)
     model = build_model(build_model_config(shipped["model"], num_items=data.num_items))
     train = {**shipped["train"], "batching": batching, "batch_parts": parts}
+    if batch_size is not None:
+        train["batch_size"] = batch_size
     train |= {"progress": False, "device": "cpu"}
     config = experiment_from_raw({"train": train})
     trainer = Trainer(model, data, config)
@@ -80,6 +83,7 @@ def measure(
         "variant": variant,
         "batching": batching,
         "batch_parts": parts,
+        "batch_size": trainer.config.train.batch_size,
         "threads": torch.get_num_threads(),
         "epoch_seconds": float(np.median(timed)),
         "epoch_seconds_all": [round(s, 2) for s in seconds],
@@ -106,11 +110,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per variant (1st is warm-up)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="users per batch (default: each config's)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         batching, parts = args.batching[0], args.parts[0]
-        row = measure(args.child, batching, parts, args.epochs, args.data_dir, args.threads)
+        row = measure(
+            args.child, batching, parts, args.epochs, args.data_dir, args.threads, args.batch_size
+        )
         print(json.dumps(row))
         return
     rows = []
@@ -127,6 +136,8 @@ def main() -> None:
                 command += ["--data-dir", args.data_dir]
             if args.threads:
                 command += ["--threads", str(args.threads)]
+            if args.batch_size:
+                command += ["--batch-size", str(args.batch_size)]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
@@ -136,12 +147,12 @@ def main() -> None:
         + f", {rows[0]['threads']} threads"
     )
     print(
-        f"{'config':<6} {'batching':<15} {'parts':>5} {'s/epoch':>8} {'targets/s':>10} "
-        f"{'eval full s':>12} {'eval sampled s':>15} {'peak GiB':>9}"
+        f"{'config':<6} {'batching':<15} {'batch':>5} {'parts':>5} {'s/epoch':>8} "
+        f"{'targets/s':>10} {'eval full s':>12} {'eval sampled s':>15} {'peak GiB':>9}"
     )
     for r in rows:
         print(
-            f"{r['variant']:<6} {r['batching']:<15} {r['batch_parts']:>5} "
+            f"{r['variant']:<6} {r['batching']:<15} {r['batch_size']:>5} {r['batch_parts']:>5} "
             f"{r['epoch_seconds']:>8.2f} "
             f"{r['targets_per_second']:>10,.0f} "
             f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
