@@ -46,8 +46,17 @@ def test_reasoning_mask() -> None:
     ]
 
 
-def test_depth_zero_is_the_backbone(batch: SeqBatch) -> None:
-    model = make(temperature=0.5).eval()
+SASREC_PLUS = {
+    "layout": "reference",
+    "dropout_placement": "reference",
+    "init_std": 0.02,
+    "position_origin": "oldest",
+}
+
+
+@pytest.mark.parametrize("backbone", [{}, SASREC_PLUS], ids=["default", "sasrec-plus"])
+def test_depth_zero_is_the_backbone(batch: SeqBatch, backbone: dict[str, object]) -> None:
+    model = make(temperature=0.5, backbone_options=backbone).eval()
     model.config = with_inference_settings(model.config, {"depth": 0})
     with torch.no_grad():
         torch.testing.assert_close(

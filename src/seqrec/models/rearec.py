@@ -14,8 +14,8 @@ term pushes the steps' item distributions apart,
 It cannot run more reasoning steps than it has position embeddings (``depth`` <= K).
 
 Differences from the reference implementation, all deliberate:
-- The backbone is this library's SASRec (pre-LN blocks, right-aligned positions, its
-  embedding scale and dropout); reasoning tokens pass the same embedding dropout as items.
+- The backbone is this library's SASRec with all its switches (the shipped configs use the
+  SASRec+ block); reasoning tokens pass the same embedding dropout as items.
 - Every position of a training row is an example with its own K reasoning tokens (the
   reference trains one example per prefix). The tokens of all positions run in one pass
   whose mask lets token (k, t) read the items up to t and the tokens (k' <= k, t).
@@ -158,18 +158,6 @@ class ReaRec(ScoringRecommender):
         if config.reasoning_steps == 0:
             self.reason_pos_emb.weight.requires_grad_(False)
 
-    def _embed(self, input_ids: Tensor) -> Tensor:
-        """Item inputs exactly as ``SASRec.encode`` builds them: (B, L) -> (B, L, D)."""
-        sas, cfg = self.backbone, self.backbone.config
-        L = input_ids.size(1)
-        x = sas.item_emb(input_ids)
-        if cfg.scale_embedding:
-            x = x * cfg.hidden_size**0.5
-        if sas.pos_emb is not None:
-            right_aligned = torch.arange(cfg.max_seq_len - L, cfg.max_seq_len, device=x.device)
-            x = x + sas.pos_emb(right_aligned)
-        return sas.emb_dropout(x) * (input_ids != PAD_ID).unsqueeze(-1)
-
     def _blocks(self, x: Tensor, mask: Tensor) -> Tensor:
         for block in self.backbone.blocks:
             x, _ = block(x, mask)
@@ -181,7 +169,7 @@ class ReaRec(ScoringRecommender):
         input_ids = input_ids[:, -self.config.max_seq_len :]
         L = input_ids.size(1)
         real = input_ids != PAD_ID
-        x = self._embed(input_ids)  # (B, L, D)
+        x = self.backbone.embed(input_ids)  # (B, L, D), as SASRec.encode builds it
         positions = torch.arange(L - 1 if newest_only else 0, L, device=x.device)  # (G,)
         G = positions.numel()
         states = [self._blocks(x, reasoning_mask(real, positions, 0))[:, positions]]

@@ -350,14 +350,8 @@ class SASRec(ScoringRecommender):
                 "encode(trace=...) needs eval mode and all positions (last_only=False)"
             )
         input_ids = input_ids[:, -self.config.max_seq_len :]
-        x = self.item_emb(input_ids)  # (B, L, D)
-        if self.config.scale_embedding:
-            x = x * self.config.hidden_size**0.5
-        real = input_ids != PAD_ID  # (B, L)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(self._positions(real))
-        x = self.emb_dropout(x) * real.unsqueeze(-1)
-        mask = attention_mask(real, causal=True)  # (B, 1, L, L)
+        x = self.embed(input_ids)
+        mask = attention_mask(input_ids != PAD_ID, causal=True)  # (B, 1, L, L)
         weights: list[Tensor] = []
         for index, block in enumerate(self.blocks):
             last = last_only and index == len(self.blocks) - 1
@@ -365,6 +359,17 @@ class SASRec(ScoringRecommender):
             if w is not None and need_weights:
                 weights.append(w)
         return self.ln_f(x), weights
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """(B, L) left-padded item ids, at most max_seq_len -> (B, L, D) the first block's
+        input: (scaled) item embeddings plus positions, dropped out, zero at padding."""
+        x = self.item_emb(input_ids)
+        if self.config.scale_embedding:
+            x = x * self.config.hidden_size**0.5
+        real = input_ids != PAD_ID  # (B, L)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(self._positions(real))
+        return self.emb_dropout(x) * real.unsqueeze(-1)
 
     def _positions(self, real: Tensor) -> Tensor:
         """Position indices for left-padded rows: (L,) counted from the newest item, which is
