@@ -165,20 +165,26 @@ def test_invalid_settings_are_config_errors() -> None:
         dataclasses.replace(CONFIG, contrastive_weight=-1.0)
 
 
-def test_trains_on_the_library_batches_with_a_sampled_loss() -> None:
-    rng = np.random.default_rng(0)
-    rows = [list(rng.integers(1, NUM_ITEMS + 1, size=n)) for n in (6, 3, 9, 2, 5)]
-    rows[1][-1] = rows[0][-1]  # a target with another occurrence to pick as positive
-    model = build(loss="bce", num_negatives=3)
+def one_library_batch(model: DuoRec, rows: list[list[int]], rng: np.random.Generator) -> SeqBatch:
+    """The single training batch the library builds from ``rows`` for ``model``'s needs."""
     batches = TrainBatches(
         Sequences.from_lists(rows),
         users=np.arange(len(rows)),
         num_items=NUM_ITEMS,
         max_seq_len=L,
-        batch_size=5,
+        batch_size=sum(len(r) for r in rows),  # more than rows or prefixes: one batch
         needs=model.batch_needs,
     )
     (batch,) = list(batches.epoch(rng))
+    return batch
+
+
+def test_trains_on_the_library_batches_with_a_sampled_loss() -> None:
+    rng = np.random.default_rng(0)
+    rows = [list(rng.integers(1, NUM_ITEMS + 1, size=n)) for n in (6, 3, 9, 2, 5)]
+    rows[1][-1] = rows[0][-1]  # a target with another occurrence to pick as positive
+    model = build(loss="bce", num_negatives=3)
+    batch = one_library_batch(model, rows, rng)
     assert batch.same_target_ids is not None
     assert batch.negatives is not None
     loss = model(batch).loss
@@ -193,15 +199,7 @@ def test_prefix_examples_train_every_prefix_with_its_own_contrastive_term() -> N
     model = build(examples="prefixes", dropout=0.0)
     assert model.config.batch_needs.prefix_examples
     assert not CONFIG.batch_needs.prefix_examples
-    batches = TrainBatches(
-        Sequences.from_lists(rows),
-        users=np.arange(len(rows)),
-        num_items=NUM_ITEMS,
-        max_seq_len=L,
-        batch_size=64,
-        needs=model.batch_needs,
-    )
-    (batch,) = list(batches.epoch(rng))
+    batch = one_library_batch(model, rows, rng)
     assert batch.labels is not None
     assert batch.input_ids.size(0) == sum(len(r) - 1 for r in rows)  # one example per target
     assert (batch.labels[:, :-1] == PAD_ID).all()
