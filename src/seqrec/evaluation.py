@@ -8,6 +8,7 @@ model (see ``seqrec.metrics.rank_of_target``). Exports are 1-based.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,20 +98,19 @@ def _chunks(lengths: npt.NDArray[np.int64], size: int) -> list[npt.NDArray[np.in
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-@torch.inference_mode()
-def _ranks_for_chunk(
-    model: SequentialRecommender,
-    input_ids: Tensor,
-    users: Tensor,
+ScoreVariants = Callable[[Tensor, Tensor], Sequence[Tensor]]
+"""(B, L) histories, (B,) users -> one (B, N + 1) score matrix per variant being compared."""
+
+
+def _ranks_from_scores(
+    scores: Tensor,
     targets: Tensor,
     history: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
     candidates: Tensor | None,
     config: EvalConfig,
 ) -> Tensor:
-    if not isinstance(model, ScoringRecommender):  # generative models: rank inside top-K
-        topk = model.recommend(input_ids, max(config.ks), config.filter_seen, users)
-        return rank_in_topk(topk.cpu(), targets)
-    scores = model.score(input_ids, users).float().cpu()  # (B, N + 1)
+    """(B, N + 1) scores -> (B,) 0-based rank of each target under the protocol."""
+    scores = scores.float().cpu()
     if candidates is not None:  # sampled: column 0 is the target, then the negatives
         cand = torch.cat([targets.unsqueeze(1), candidates], dim=1)
         cand_scores = scores.gather(1, cand).masked_fill(cand == 0, float("-inf"))
@@ -120,6 +120,13 @@ def _ranks_for_chunk(
         rows, cols = history
         scores[torch.from_numpy(rows), torch.from_numpy(cols)] = float("-inf")
     return rank_of_target(scores[:, 1:], targets - 1)  # drop the padding column
+
+
+def _model_scores(model: SequentialRecommender) -> ScoreVariants | None:
+    """The single-variant scorer of a scoring model; None for a generative model."""
+    if not isinstance(model, ScoringRecommender):
+        return None
+    return lambda input_ids, users: [model.score(input_ids, users)]
 
 
 def evaluate(
@@ -141,11 +148,42 @@ def evaluate(
     all_sequences: every user's full sequence; sampled negatives avoid all of it.
     item_counts: (N + 1,) training popularity, needed for popularity-sampled negatives.
     """
+    (result,) = evaluate_variants(
+        model,
+        eval_set,
+        config,
+        _model_scores(model),
+        all_sequences=all_sequences,
+        num_items=num_items,
+        item_counts=item_counts,
+        device=device,
+        split=split,
+    )
+    return result
+
+
+@torch.inference_mode()
+def evaluate_variants(
+    model: SequentialRecommender,
+    eval_set: EvalSet,
+    config: EvalConfig,
+    variants: ScoreVariants | None,
+    *,
+    all_sequences: Sequences,
+    num_items: int,
+    item_counts: npt.NDArray[np.int64] | None = None,
+    device: torch.device | str = "cpu",
+    split: str = "test",
+) -> list[EvalResult]:
+    """``evaluate`` for several scorings of one model in one pass over the users, e.g. every
+    inference depth of a reasoning model, sharing the encoder's work: one result per score
+    matrix ``variants`` returns, each ranked against the same sampled negatives.
+    ``variants`` None ranks a generative model inside its top max(ks)."""
     model.eval()
     max_len = model.config.max_seq_len
     sampler = None
     if config.protocol == "sampled":
-        if not isinstance(model, ScoringRecommender):
+        if variants is None:
             raise ValueError(
                 f"the sampled protocol ranks candidates by score; {model.config.name} only "
                 "returns a top-k list, so evaluate it with protocol: full"
@@ -156,21 +194,47 @@ def evaluate(
                 raise ValueError("popularity-sampled negatives need item_counts")
             weights = torch.from_numpy(item_counts.astype(np.float64))
         sampler = NegativeSampler(all_sequences, num_items, weights, config.seed)
-    ranks = np.zeros(len(eval_set), dtype=np.int64)
+    ranks: list[npt.NDArray[np.int64]] = []
     histories = eval_set.histories
     for chunk in _chunks(histories.lengths, config.batch_size):
         input_ids = torch.from_numpy(left_padded(histories, chunk, max_len)).to(device)
         users = torch.from_numpy(eval_set.users[chunk]).to(device)
         targets = torch.from_numpy(eval_set.targets[chunk].astype(np.int64))
-        sub = histories.take(chunk)
-        history = (sub.row_ids(), sub.items.astype(np.int64))
-        candidates = None
-        if sampler is not None:
-            candidates = sampler.sample(eval_set.users[chunk], config.num_negatives)
-        chunk_ranks = _ranks_for_chunk(
-            model, input_ids, users, targets, history, candidates, config
-        )
-        ranks[chunk] = chunk_ranks.numpy()
+        if variants is None:  # generative models: rank inside their top-K
+            topk = model.recommend(input_ids, max(config.ks), config.filter_seen, users)
+            chunk_ranks = [rank_in_topk(topk.cpu(), targets)]
+        else:
+            sub = histories.take(chunk)
+            history = (sub.row_ids(), sub.items.astype(np.int64))
+            candidates = None
+            if sampler is not None:
+                candidates = sampler.sample(eval_set.users[chunk], config.num_negatives)
+            chunk_ranks = [
+                _ranks_from_scores(scores, targets, history, candidates, config)
+                for scores in variants(input_ids, users)
+            ]
+        if not ranks:
+            ranks = [np.zeros(len(eval_set), dtype=np.int64) for _ in chunk_ranks]
+        if len(chunk_ranks) != len(ranks):
+            raise ValueError(
+                f"the scorer returned {len(chunk_ranks)} variants for one chunk and "
+                f"{len(ranks)} for another"
+            )
+        for variant_ranks, chunk_rank in zip(ranks, chunk_ranks, strict=True):
+            variant_ranks[chunk] = chunk_rank.numpy()
+    return [
+        _result(variant_ranks, eval_set, config, num_items, split)
+        for variant_ranks in ranks or [np.zeros(0, dtype=np.int64)]
+    ]
+
+
+def _result(
+    ranks: npt.NDArray[np.int64],
+    eval_set: EvalSet,
+    config: EvalConfig,
+    num_items: int,
+    split: str,
+) -> EvalResult:
     per_user = all_metrics(torch.from_numpy(ranks), config.ks)
     means = {name: mean_and_ci(values) for name, values in per_user.items()}
     return EvalResult(

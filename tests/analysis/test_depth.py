@@ -78,6 +78,10 @@ def test_analyze_depth_writes_the_curve(runs: tuple[Path, Path], tmp_path: Path)
     assert all(0.0 <= row["NDCG@10"] <= row["Recall@10"] <= row["Recall@20"] <= 1 for row in rows)
     assert all(-1.0 <= row["interest_cosine"] <= 1.0 for row in rows)
     assert rows[0]["NDCG@10"] == evaluate_run(stage_1)[0].metrics["NDCG@10"]
+    for row in rows:  # the one-pass sweep scores each depth as evaluate does
+        at_depth, _ = evaluate_run(stage_2, settings={"depth": row["depth"]})
+        assert row["NDCG@10"] == pytest.approx(at_depth.metrics["NDCG@10"], abs=1e-12)
+        assert row["Recall@10"] == pytest.approx(at_depth.metrics["Recall@10"], abs=1e-12)
     assert (tmp_path / "depth" / "depth.csv").is_file()
     assert (tmp_path / "depth" / "depth.png").stat().st_size > 0
     assert "best N =" in report.read_text()

@@ -16,7 +16,7 @@ from seqrec.batch import ModelOutput, SeqBatch
 from seqrec.config import EvalConfig
 from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, Sequences
-from seqrec.evaluation import NegativeSampler, evaluate, export_ranks
+from seqrec.evaluation import NegativeSampler, evaluate, evaluate_variants, export_ranks
 from seqrec.models.base import ModelConfig, ScoringRecommender
 
 N = 9
@@ -133,3 +133,25 @@ def test_export_ranks_uses_original_ids(tmp_path, suffix: str) -> None:  # type:
 def test_export_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         EvalConfig().protocol = "sampled"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [EvalConfig(batch_size=3), EvalConfig(protocol="sampled", num_negatives=3)],
+    ids=["full", "sampled"],
+)
+def test_score_variants_in_one_pass_equal_separate_evaluations(config: EvalConfig) -> None:
+    reversed_weights = torch.tensor([100.0, *range(N, 0, -1)])
+    model = FixedScores(WEIGHTS)
+    calls: list[int] = []
+
+    def both(input_ids: Tensor, users: Tensor) -> list[Tensor]:
+        calls.append(input_ids.size(0))
+        rows = input_ids.size(0)
+        return [w.unsqueeze(0).expand(rows, -1).clone() for w in (WEIGHTS, reversed_weights)]
+
+    results = evaluate_variants(model, EVAL_SET, config, both, all_sequences=ALL, num_items=N)
+    assert sum(calls) == len(EVAL_SET)  # every user scored once for both variants
+    assert results[0].ranks.tolist() == run(config).tolist()
+    assert results[1].ranks.tolist() == run(config, reversed_weights).tolist()
+    assert results[0].ranks.tolist() != results[1].ranks.tolist()

@@ -319,3 +319,14 @@ def test_depth_is_an_inference_setting_and_nothing_else_is() -> None:
     with pytest.raises(ConfigError, match=r"model.num_interests cannot change after training"):
         with_inference_settings(config, {"num_interests": 2})
     assert make().config.inference_depth == 0
+
+
+def test_scores_at_depths_are_the_scores_at_each_depth(batch: SeqBatch) -> None:
+    model = make(**STAGE_2, gate="gru_cell").eval()  # the others start as the identity
+    with torch.no_grad():
+        swept = model.scores_at_depths(batch.input_ids, 5)  # beyond the training depth of 4
+        assert len(swept) == 6
+        for depth, scores in enumerate(swept):
+            model.config = with_inference_settings(model.config, {"depth": depth})
+            torch.testing.assert_close(scores, model.score(batch.input_ids))
+        assert not torch.allclose(swept[0], swept[5])

@@ -35,7 +35,9 @@ def test_causal_future_items_do_not_change_the_past(batch: SeqBatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "changes", [{}, {"layout": "reference"}, {"position_origin": "oldest"}], ids=str
+    "changes",
+    [{}, {"layout": "reference"}, {"layout": "post_ln"}, {"position_origin": "oldest"}],
+    ids=str,
 )
 def test_padding_invariance_extra_left_padding_changes_nothing(
     batch: SeqBatch, changes: dict[str, object]
@@ -88,6 +90,8 @@ def test_positions_are_counted_from_the_right(batch: SeqBatch) -> None:
         {"dropout_placement": "reference"},
         {"layout": "reference"},
         {"layout": "reference", "dropout_placement": "reference", "residual": False},
+        {"layout": "post_ln", "dropout_placement": "bert", "activation": "gelu"},
+        {"layout": "post_ln", "residual": False},
         {"position_origin": "oldest"},
         {"init_std": 0.02},
     ],
@@ -164,7 +168,7 @@ def test_truncates_to_the_most_recent_items(batch: SeqBatch) -> None:
     torch.testing.assert_close(model.score(batch.input_ids), model.score(batch.input_ids[:, -4:]))
 
 
-@pytest.mark.parametrize("changes", [{}, {"layout": "reference"}], ids=str)
+@pytest.mark.parametrize("changes", [{}, {"layout": "reference"}, {"layout": "post_ln"}], ids=str)
 def test_last_only_scoring_equals_the_full_encoding(
     batch: SeqBatch, changes: dict[str, object]
 ) -> None:
@@ -221,3 +225,33 @@ def test_reference_layout_is_kang205s_block(batch: SeqBatch) -> None:
     expected = model.ln_f(x)
     hidden, _ = model.encode(ids)
     torch.testing.assert_close(hidden[real], expected[real])
+
+
+def test_post_ln_layout_is_recboles_encoder(batch: SeqBatch) -> None:
+    """LN over item + position embeddings, then per block h = LN(x + Attn(x)),
+    LN(h + FFN(h)) with GELU, and no LayerNorm after the last block, written out by hand."""
+    model = build(layout="post_ln", activation="gelu", num_heads=1, scale_embedding=False)
+    ids = batch.input_ids
+    real = ids != PAD_ID
+    D = CONFIG.hidden_size
+    x = model.emb_ln(model.item_emb(ids) + model.pos_emb(torch.arange(L)))  # type: ignore[misc]
+    x = x * real.unsqueeze(-1)
+    allowed = torch.tril(torch.ones(L, L, dtype=torch.bool)) & real[:, None, :]
+    for block in model.blocks:
+        q, k, v = block.attn.qkv(x).split(D, dim=-1)
+        logits = (q @ k.transpose(1, 2) / D**0.5).masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        h = block.ln_attn(x + block.attn.proj(weights @ v))
+        x = block.ln_ffn(h + block.ffn.fc2(F.gelu(block.ffn.fc1(h))))
+    hidden, _ = model.encode(ids)
+    torch.testing.assert_close(hidden[real], x[real])
+    assert isinstance(model.ln_f, torch.nn.Identity)
+
+
+def test_bert_dropout_placement_drops_attention_weights_and_sublayer_outputs() -> None:
+    paper, bert = build(), build(dropout_placement="bert", layout="post_ln")
+    assert paper.blocks[0].attn.dropout == 0.0
+    assert paper.blocks[0].dropout.p > 0
+    assert bert.blocks[0].attn.dropout == CONFIG.dropout > 0
+    assert bert.blocks[0].dropout.p == CONFIG.dropout
+    assert bert.blocks[0].ffn.dropout.p == 0.0

@@ -20,19 +20,21 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
+from torch import Tensor
 
 from seqrec.analysis.tables import markdown_table, write_table
 from seqrec.config import ConfigError, EvalConfig, SplitChoice
-from seqrec.data.batches import left_padded
-from seqrec.data.sequences import EvalSet, PreparedData
-from seqrec.evaluation import describe_protocol, evaluate_model
+from seqrec.data.sequences import PreparedData
+from seqrec.evaluation import describe_protocol, evaluate_variants
 from seqrec.io import atomic_write, atomic_write_text
-from seqrec.models.base import SequentialRecommender, with_inference_settings
-from seqrec.models.recrec import RecRec, interest_diversity
+from seqrec.models.base import (
+    SequentialRecommender,
+    with_inference_settings,
+)
+from seqrec.models.recrec import RecRec, interest_diversity, interest_scores
 from seqrec.training.checkpoint import load_run
 from seqrec.training.loop import resolve_device
 from seqrec.training.run import data_for_run
@@ -40,6 +42,13 @@ from seqrec.training.run import data_for_run
 logger = logging.getLogger(__name__)
 
 METRICS = ("NDCG@10", "Recall@10", "Recall@20")
+
+
+@runtime_checkable
+class DepthScorer(Protocol):
+    """A reasoning model that scores every depth 0..max_depth in one pass."""
+
+    def scores_at_depths(self, input_ids: Tensor, max_depth: int) -> list[Tensor]: ...
 
 
 def check_depth_model(model: SequentialRecommender, max_depth: int) -> None:
@@ -51,57 +60,75 @@ def check_depth_model(model: SequentialRecommender, max_depth: int) -> None:
             f"model {model.config.name!r} has no inference depth (model.depth); "
             "the depth curve needs a reasoning model such as recrec (stage 2)"
         )
+    if not isinstance(model, DepthScorer):
+        raise ConfigError(f"model {model.config.name!r} cannot score its depths in one pass")
     for depth in (0, max_depth):  # the model's own validation (a stage-1 RecRec, ReaRec's K)
         with_inference_settings(model.config, {"depth": depth})
 
 
-@torch.inference_mode()
-def mean_interest_cosine(
-    model: RecRec, eval_set: EvalSet, batch_size: int = 1024, device: str = "cpu"
-) -> float:
-    """Mean pairwise cosine of the R interests at the model's depth, over ``eval_set``."""
-    model.eval()
-    histories = eval_set.histories
-    total, count = 0.0, 0
-    for start in range(0, len(eval_set), batch_size):
-        rows = np.arange(start, min(start + batch_size, len(eval_set)))
-        ids = torch.from_numpy(left_padded(histories, rows, model.config.max_seq_len))
-        interests = model.interests(ids.to(device))  # (B, R, D)
-        total += float(interest_diversity(interests)) * len(rows)
-        count += len(rows)
-    return total / max(count, 1)
+class _DepthSweep:
+    """The evaluator's scorer for depths 0..max_depth: one encoder pass and max_depth
+    reasoning steps per chunk of users, not one full evaluation per depth. For RecRec it
+    also averages the pairwise interest cosine at each depth over the users it scores."""
+
+    def __init__(self, model: SequentialRecommender, max_depth: int) -> None:
+        self.model = model
+        self.max_depth = max_depth
+        self.cosine_sums = [0.0] * (max_depth + 1)
+        self.users = 0
+
+    def __call__(self, input_ids: Tensor, users: Tensor) -> list[Tensor]:
+        model = self.model
+        if isinstance(model, RecRec):
+            interests = model.interests_at_depths(input_ids, self.max_depth)
+            for depth, m in enumerate(interests):
+                self.cosine_sums[depth] += float(interest_diversity(m)) * m.size(0)
+            self.users += input_ids.size(0)
+            items, tau = model.items(), model.config.temperature
+            return [interest_scores(m, items, tau) for m in interests]
+        assert isinstance(model, DepthScorer)  # check_depth_model
+        return model.scores_at_depths(input_ids, self.max_depth)
+
+    def mean_cosines(self) -> list[float] | None:
+        if not isinstance(self.model, RecRec):
+            return None
+        return [total / max(self.users, 1) for total in self.cosine_sums]
 
 
 def depth_curve(
     model: SequentialRecommender,
     data: PreparedData,
     eval_config: EvalConfig,
-    depths: Sequence[int],
+    max_depth: int,
     *,
     split: SplitChoice = "test",
     device: str = "cpu",
 ) -> list[dict[str, Any]]:
-    """One row per depth: NDCG@10, Recall@10/20 with CI half-widths (and, for RecRec, the
-    mean pairwise interest cosine). The model's config is restored afterwards."""
-    eval_set = data.eval_set(split)
-    config = dataclasses.replace(eval_config, ks=(10, 20))
-    original = model.config
+    """One row per depth 0..max_depth: NDCG@10, Recall@10/20 with CI half-widths (and, for
+    RecRec, the mean pairwise interest cosine), all depths in one pass over the users."""
+    check_depth_model(model, max_depth)
+    sweep = _DepthSweep(model, max_depth)
+    results = evaluate_variants(
+        model,
+        data.eval_set(split),
+        dataclasses.replace(eval_config, ks=(10, 20)),
+        sweep,
+        all_sequences=data.sequences,
+        num_items=data.num_items,
+        item_counts=data.item_counts(),
+        device=device,
+        split=split,
+    )
+    cosines = sweep.mean_cosines()
     rows: list[dict[str, Any]] = []
-    try:
-        for depth in depths:
-            model.config = with_inference_settings(original, {"depth": depth})
-            result = evaluate_model(model, data, config, split=split, device=device)
-            row: dict[str, Any] = {"depth": depth}
-            row.update({name: result.metrics[name] for name in METRICS})
-            row.update({f"{name}_ci95": result.ci95[name] for name in METRICS})
-            if isinstance(model, RecRec):
-                row["interest_cosine"] = mean_interest_cosine(
-                    model, eval_set, config.batch_size, device
-                )
-            logger.info("depth %d: NDCG@10 %.4f", depth, row["NDCG@10"])
-            rows.append(row)
-    finally:
-        model.config = original
+    for depth, result in enumerate(results):
+        row: dict[str, Any] = {"depth": depth}
+        row.update({name: result.metrics[name] for name in METRICS})
+        row.update({f"{name}_ci95": result.ci95[name] for name in METRICS})
+        if cosines is not None:
+            row["interest_cosine"] = cosines[depth]
+        logger.info("depth %d: NDCG@10 %.4f", depth, row["NDCG@10"])
+        rows.append(row)
     return rows
 
 
@@ -179,9 +206,7 @@ def analyze_depth(
     data = data_for_run(run, data_dir)
     target = str(resolve_device(device))
     run.model.to(target)
-    rows = depth_curve(
-        run.model, data, run.config.eval, range(max_depth + 1), split=split, device=target
-    )
+    rows = depth_curve(run.model, data, run.config.eval, max_depth, split=split, device=target)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = write_table(rows, out / "depth")

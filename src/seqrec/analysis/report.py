@@ -55,6 +55,9 @@ LAYOUT_TEXT = {
     "reference": "The model's blocks have the SASRec reference layout: queries LN(x), keys and "
     "values x, the residual sum y = alpha LN(x) + Attn(LN(x), x), so the residual branch is "
     "the normalised query, and the LayerNorm after it is the FFN's input norm.",
+    "post_ln": "The model's blocks are post-LN (BERT, RecBole): the residual sum is "
+    "y = alpha x + Attn(x) and the LayerNorm after it is the attention sublayer's own, "
+    "whose output the FFN reads.",
 }
 
 # Our registry names -> the paper's dataset names.

@@ -37,11 +37,11 @@ Differences from the reference code, all deliberate:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from seqrec.models.base import register_model
 from seqrec.models.objective import LossName
-from seqrec.models.sasrec import SASRec, SASRecConfig
+from seqrec.models.sasrec import BlockLayout, DropoutPlacement, SASRec, SASRecConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +55,8 @@ class GSASRecConfig(SASRecConfig):
     num_heads: int = 1
     dropout: float = 0.5  # dropout_rate of the README's ML-1M config and checkpoints
     # The reference drops the embeddings, the attention weights and after each FFN layer.
-    dropout_placement: Literal["paper", "reference"] = "reference"
-    layout: Literal["pre_ln", "reference"] = "reference"  # kang205's block, as the reference
+    dropout_placement: DropoutPlacement = "reference"
+    layout: BlockLayout = "reference"  # kang205's block, as the reference
     shared_embedding: bool = False  # reuse_item_embeddings=False: a separate output table
     scale_embedding: bool = False  # the reference does not multiply embeddings by sqrt(d)
     loss: LossName = "gbce"

@@ -618,6 +618,19 @@ class RecRec(ScoringRecommender):
             m = deeper
         return m[:, 0]
 
+    def interests_at_depths(self, input_ids: Tensor, max_depth: int) -> list[Tensor]:
+        """(B, L) histories -> the (B, R, D) interests after 0, 1, ..., ``max_depth`` steps,
+        in one pass (depth N + 1 continues from depth N)."""
+        hidden, mask, m = self.encode(input_ids, newest_only=True)
+        return [m[:, 0]] + [deeper[:, 0] for deeper in self.reason(hidden, mask, m, max_depth)]
+
+    def scores_at_depths(self, input_ids: Tensor, max_depth: int) -> list[Tensor]:
+        """``score`` at depths 0..max_depth in one pass: max_depth + 1 (B, N + 1) tensors."""
+        items, tau = self.items(), self.config.temperature
+        return [
+            interest_scores(m, items, tau) for m in self.interests_at_depths(input_ids, max_depth)
+        ]
+
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
         return interest_scores(self.interests(input_ids), self.items(), self.config.temperature)
 

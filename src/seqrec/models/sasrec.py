@@ -7,15 +7,20 @@ Every switch of the paper's ablation (Table IV) is a config field: positional em
 shared vs unshared item embedding, residual connections, dropout, 0-3 blocks, heads, and the
 explicit user embedding r = (U_u + F_t) . M_i.
 
-Two block layouts. ``layout: pre_ln`` (the default) is the paper's Eq. 4 read as true
+Three block layouts. ``layout: pre_ln`` (the default) is the paper's Eq. 4 read as true
 pre-LayerNorm, g'(x) = x + Dropout(g(LN(x))). ``layout: reference`` is the reference code's
 block, which is what produced the paper's numbers: only the queries are normalised (keys and
 values come from the un-normalised input), the attention residual is added to the normalised
-queries, and the FFN residual to the FFN's normalised input. Where dropout goes is a separate
-switch: ``dropout_placement: paper`` (each sublayer's output) or ``reference`` (the attention
-weights and after each FFN layer). The SASRec+ configs (Klenitskiy & Vasilev 2023) use the
-reference layout and placement, N(0, 0.02) initialisation (``init_std``), positions counted
-from the oldest item of the window (``position_origin: oldest``), as their code does.
+queries, and the FFN residual to the FFN's normalised input. ``layout: post_ln`` is the
+BERT-style encoder of RecBole's SASRec (and of DuoRec's reference code, built on it):
+LN(x + g(x)) per sublayer, a LayerNorm on the summed input embeddings and none after the last
+block. Where dropout goes is a separate switch: ``dropout_placement: paper`` (each sublayer's
+output), ``reference`` (the attention weights and after each FFN layer) or ``bert`` (the
+attention weights and each sublayer's output, as BERT and RecBole). The FFN's activation is
+``activation`` (ReLU in the paper, GELU in RecBole). The SASRec+ configs (Klenitskiy &
+Vasilev 2023) use the reference layout and placement, N(0, 0.02) initialisation
+(``init_std``), positions counted from the oldest item of the window (``position_origin:
+oldest``), as their code does.
 
 Differences from the reference implementation, all deliberate:
 - Padded keys are masked out of attention (the reference only zeroes padded embeddings, so
@@ -53,6 +58,9 @@ from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.masks import attention_mask
 
+DropoutPlacement = Literal["paper", "reference", "bert"]
+BlockLayout = Literal["pre_ln", "reference", "post_ln"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class SASRecConfig(ItemLossConfig):
@@ -63,11 +71,14 @@ class SASRecConfig(ItemLossConfig):
     ffn_size: int | None = None  # inner width of the point-wise FFN; None = hidden_size (paper)
     dropout: float = 0.2  # 0.2 on ML-1M, 0.5 on the sparse datasets in the paper
     # "paper": Dropout(g(x)) on each sublayer's output (Eq. 4); "reference": as kang205's
-    # code, on the attention weights and after each of the FFN's two layers.
-    dropout_placement: Literal["paper", "reference"] = "paper"
+    # code, on the attention weights and after each of the FFN's two layers; "bert": on the
+    # attention weights and each sublayer's output (BERT, RecBole).
+    dropout_placement: DropoutPlacement = "paper"
     # "pre_ln": x + g(LN(x)) per sublayer (Eq. 4); "reference": kang205's block, LN on the
-    # queries only and the residual taken from the normalised input (see the module doc).
-    layout: Literal["pre_ln", "reference"] = "pre_ln"
+    # queries only and the residual taken from the normalised input (see the module doc);
+    # "post_ln": LN(x + g(x)) per sublayer with LN on the input embeddings (RecBole).
+    layout: BlockLayout = "pre_ln"
+    activation: Literal["relu", "gelu"] = "relu"  # the FFN's; RecBole uses GELU
     # Position 0 is the oldest item of the (up to max_seq_len) window ("oldest", SASRec+'s
     # right padding) or the newest item is always max_seq_len - 1 ("newest", the reference).
     position_origin: Literal["newest", "oldest"] = "newest"
@@ -108,7 +119,7 @@ class SelfAttention(nn.Module):
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
         self.num_heads = config.num_heads
-        self.dropout = config.dropout if config.dropout_placement == "reference" else 0.0
+        self.dropout = config.dropout if config.dropout_placement != "paper" else 0.0
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
 
@@ -153,7 +164,8 @@ class SelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """F_i = ReLU(S_i W1 + b1) W2 + b2, the same weights at every position."""
+    """F_i = ReLU(S_i W1 + b1) W2 + b2 (GELU with ``activation: gelu``), the same weights at
+    every position."""
 
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
@@ -163,9 +175,10 @@ class FeedForward(nn.Module):
         # The reference code drops after each layer; the paper drops the sublayer output.
         p = config.dropout if config.dropout_placement == "reference" else 0.0
         self.dropout = Dropout(p)
+        self.activation = F.gelu if config.activation == "gelu" else F.relu
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.fc2(self.dropout(F.relu(self.fc1(x)))))
+        return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(x)))))
 
 
 @dataclass(frozen=True)
@@ -180,21 +193,23 @@ class AttentionRecord:
     """
 
     x: Tensor  # (B, L, D) the attention sublayer's residual branch
-    attn_input: Tensor  # (B, L, D) LN_attn(block input): the queries are computed from it
+    attn_input: Tensor  # (B, L, D) what the queries are computed from: LN_attn(block input),
+    # the block input itself in the post-LN layout
     weights: Tensor  # (B, H, L, L) attention weights (rows: queries, columns: keys)
     values: Tensor  # (B, H, L, D / H) value vectors, per head
     attn_output: Tensor  # (B, L, D) Attn(x) = concat_h(weights_h @ values_h) W_O^T + b_O
     residual_scale: float  # alpha, 0.0 when the model has no residual connections
     pre_ln: Tensor  # (B, L, D) y = alpha * x + Attn(x), the residual sum
-    ln_output: Tensor  # (B, L, D) ln_ffn(y), the LayerNorm applied to the residual sum
+    ln_output: Tensor  # (B, L, D) the LayerNorm applied to the residual sum (the FFN's input)
     attn: SelfAttention  # its proj is W_O, b_O
-    ln: nn.LayerNorm  # gamma, beta, eps of ln_ffn
+    ln: nn.LayerNorm  # gamma, beta, eps of that LayerNorm: ln_ffn (ln_attn when post-LN)
 
 
 class Block(nn.Module):
     """Pre-LN: x + Dropout(Attn(LN(x))), then x + Dropout(FFN(LN(x))) (paper, Eq. 4).
 
     The reference layout: h = LN(x) + Attn(q = LN(x), kv = x), then LN(h) + FFN(LN(h)).
+    The post-LN layout: h = LN_attn(x + Attn(x)), then LN_ffn(h + FFN(h)).
     With ``dropout_placement: reference`` the two outer dropouts are off and the attention
     weights and FFN layers drop instead, as in the reference code. ``residual_scale`` (alpha)
     multiplies the attention sublayer's residual branch only; the FFN residual is untouched.
@@ -204,11 +219,13 @@ class Block(nn.Module):
         super().__init__()
         self.residual = config.residual
         self.reference_layout = config.layout == "reference"
+        self.post_ln = config.layout == "post_ln"
         self.ln_attn = nn.LayerNorm(config.hidden_size)
         self.attn = SelfAttention(config)
         self.ln_ffn = nn.LayerNorm(config.hidden_size)
         self.ffn = FeedForward(config)
-        self.dropout = Dropout(config.dropout if config.dropout_placement == "paper" else 0.0)
+        outer = config.dropout_placement in ("paper", "bert")
+        self.dropout = Dropout(config.dropout if outer else 0.0)
 
     def forward(
         self,
@@ -219,7 +236,7 @@ class Block(nn.Module):
         residual_scale: float = 1.0,
         trace: list[AttentionRecord] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        attn_input = self.ln_attn(x)
+        attn_input = x if self.post_ln else self.ln_attn(x)
         need_weights = need_weights or trace is not None
         # The reference layout reads keys and values from the un-normalised input and adds
         # the attention residual to the normalised queries.
@@ -231,7 +248,8 @@ class Block(nn.Module):
             branch = branch[:, -1:]
         residual = branch if residual_scale == 1.0 else residual_scale * branch
         y = residual + attended if self.residual else attended
-        normed = self.ln_ffn(y)
+        after = self.ln_attn if self.post_ln else self.ln_ffn  # the LN the FFN reads
+        normed = after(y)
         if trace is not None:
             assert weights is not None
             values = self.attn.key_values(kv_input)[1]
@@ -241,9 +259,9 @@ class Block(nn.Module):
                 )
             )
         fed = self.dropout(self.ffn(normed))
-        ffn_branch = normed if self.reference_layout else y
+        ffn_branch = normed if self.reference_layout or self.post_ln else y
         x = ffn_branch + fed if self.residual else fed
-        return x, weights
+        return (self.ln_ffn(x) if self.post_ln else x), weights
 
     def _record(
         self,
@@ -268,7 +286,7 @@ class Block(nn.Module):
             pre_ln=y,
             ln_output=normed,
             attn=self.attn,
-            ln=self.ln_ffn,
+            ln=self.ln_attn if self.post_ln else self.ln_ffn,
         )
 
 
@@ -290,7 +308,10 @@ class SASRec(ScoringRecommender):
         self.user_emb = nn.Embedding(config.num_users, D) if config.user_embedding else None
         self.emb_dropout = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.ln_f = nn.LayerNorm(D)
+        # Post-LN normalises the summed embeddings instead of the last block's output.
+        post_ln = config.layout == "post_ln"
+        self.emb_ln: nn.Module = nn.LayerNorm(D) if post_ln else nn.Identity()
+        self.ln_f: nn.Module = nn.Identity() if post_ln else nn.LayerNorm(D)
         self.apply(self._init_weights)
         self._residual_scale = 1.0
 
@@ -362,14 +383,15 @@ class SASRec(ScoringRecommender):
 
     def embed(self, input_ids: Tensor) -> Tensor:
         """(B, L) left-padded item ids, at most max_seq_len -> (B, L, D) the first block's
-        input: (scaled) item embeddings plus positions, dropped out, zero at padding."""
+        input: (scaled) item embeddings plus positions (normalised when post-LN), dropped
+        out, zero at padding."""
         x = self.item_emb(input_ids)
         if self.config.scale_embedding:
             x = x * self.config.hidden_size**0.5
         real = input_ids != PAD_ID  # (B, L)
         if self.pos_emb is not None:
             x = x + self.pos_emb(self._positions(real))
-        return self.emb_dropout(x) * real.unsqueeze(-1)
+        return self.emb_dropout(self.emb_ln(x)) * real.unsqueeze(-1)
 
     def _positions(self, real: Tensor) -> Tensor:
         """Position indices for left-padded rows: (L,) counted from the newest item, which is
