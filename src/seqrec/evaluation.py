@@ -8,7 +8,7 @@ model (see ``seqrec.metrics.rank_of_target``). Exports are 1-based.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,8 +98,9 @@ def _chunks(lengths: npt.NDArray[np.int64], size: int) -> list[npt.NDArray[np.in
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-ScoreVariants = Callable[[Tensor, Tensor], Sequence[Tensor]]
-"""(B, L) histories, (B,) users -> one (B, N + 1) score matrix per variant being compared."""
+ScoreVariants = Callable[[Tensor, Tensor], Iterable[Tensor]]
+"""(B, L) histories, (B,) users -> one (B, N + 1) score matrix per variant being compared;
+a generator keeps only one of them in memory at a time."""
 
 
 def _ranks_from_scores(

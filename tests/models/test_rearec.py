@@ -123,7 +123,7 @@ def test_depth_cannot_exceed_the_trained_steps() -> None:
 def test_scores_at_depths_are_the_scores_at_each_depth(batch: SeqBatch) -> None:
     model = make(reasoning_steps=3).eval()
     with torch.no_grad():
-        swept = model.scores_at_depths(batch.input_ids, 3)
+        swept = list(model.scores_at_depths(batch.input_ids, 3))
         assert len(swept) == 4
         for depth, scores in enumerate(swept):
             model.config = with_inference_settings(model.config, {"depth": depth})

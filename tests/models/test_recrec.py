@@ -11,7 +11,7 @@ from torch import Tensor
 
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError, TrainConfig
-from seqrec.models import build_model, build_model_config
+from seqrec.models import build_model, build_model_config, recrec
 from seqrec.models.base import with_inference_settings
 from seqrec.models.recrec import (
     RecRec,
@@ -175,6 +175,18 @@ def test_log_mean_exp_scoring_by_hand() -> None:
     torch.testing.assert_close(scores[0, 1:], torch.tensor(expected))
 
 
+def test_scoring_in_blocks_of_users_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(0)
+    interests, items = torch.randn(7, 3, 5, generator=g), torch.randn(11, 5, generator=g)
+    logits = torch.einsum("brd,nd->brn", interests, items) / 0.7
+    expected = logits.logsumexp(dim=1) - math.log(3)
+    monkeypatch.setattr(recrec, "SCORE_BLOCK", 2 * 3 * 11)  # blocks of 2 users: 2, 2, 2, 1
+    torch.testing.assert_close(interest_scores(interests, items, 0.7), expected)
+    monkeypatch.undo()  # one block
+    torch.testing.assert_close(interest_scores(interests, items, 0.7), expected)
+    assert interest_scores(interests[:0], items, 0.7).shape == (0, 11)
+
+
 def test_fused_interest_ce_matches_the_reference() -> None:
     g = torch.Generator().manual_seed(0)
     interests = torch.randn(11, 3, 5, generator=g, requires_grad=True)
@@ -324,7 +336,7 @@ def test_depth_is_an_inference_setting_and_nothing_else_is() -> None:
 def test_scores_at_depths_are_the_scores_at_each_depth(batch: SeqBatch) -> None:
     model = make(**STAGE_2, gate="gru_cell").eval()  # the others start as the identity
     with torch.no_grad():
-        swept = model.scores_at_depths(batch.input_ids, 5)  # beyond the training depth of 4
+        swept = list(model.scores_at_depths(batch.input_ids, 5))  # beyond the training depth of 4
         assert len(swept) == 6
         for depth, scores in enumerate(swept):
             model.config = with_inference_settings(model.config, {"depth": depth})

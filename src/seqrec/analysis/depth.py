@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -48,7 +48,7 @@ METRICS = ("NDCG@10", "Recall@10", "Recall@20")
 class DepthScorer(Protocol):
     """A reasoning model that scores every depth 0..max_depth in one pass."""
 
-    def scores_at_depths(self, input_ids: Tensor, max_depth: int) -> list[Tensor]: ...
+    def scores_at_depths(self, input_ids: Tensor, max_depth: int) -> Iterator[Tensor]: ...
 
 
 def check_depth_model(model: SequentialRecommender, max_depth: int) -> None:
@@ -77,7 +77,7 @@ class _DepthSweep:
         self.cosine_sums = [0.0] * (max_depth + 1)
         self.users = 0
 
-    def __call__(self, input_ids: Tensor, users: Tensor) -> list[Tensor]:
+    def __call__(self, input_ids: Tensor, users: Tensor) -> Iterator[Tensor]:
         model = self.model
         if isinstance(model, RecRec):
             interests = model.interests_at_depths(input_ids, self.max_depth)
@@ -85,7 +85,7 @@ class _DepthSweep:
                 self.cosine_sums[depth] += float(interest_diversity(m)) * m.size(0)
             self.users += input_ids.size(0)
             items, tau = model.items(), model.config.temperature
-            return [interest_scores(m, items, tau) for m in interests]
+            return (interest_scores(m, items, tau) for m in interests)
         assert isinstance(model, DepthScorer)  # check_depth_model
         return model.scores_at_depths(input_ids, self.max_depth)
 

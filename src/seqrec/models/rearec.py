@@ -27,6 +27,7 @@ Differences from the reference implementation, all deliberate:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -204,13 +205,14 @@ class ReaRec(ScoringRecommender):
         user = states[:, 0].mean(dim=1)  # (B, D): the ensemble of the reasoning states
         return user @ self.backbone.output_embedding().T / self.config.temperature
 
-    def scores_at_depths(self, input_ids: Tensor, max_depth: int) -> list[Tensor]:
-        """``score`` at depths 0..max_depth in one pass: max_depth + 1 (B, N + 1) tensors.
-        (The reasoning tokens are causal, so depth d's states are the first d + 1 of any
-        deeper run's.)"""
+    def scores_at_depths(self, input_ids: Tensor, max_depth: int) -> Iterator[Tensor]:
+        """``score`` at depths 0..max_depth from one pass: max_depth + 1 (B, N + 1) tensors,
+        each computed when the previous one has been consumed. (The reasoning tokens are
+        causal, so depth d's states are the first d + 1 of any deeper run's.)"""
         states = self.reasoning_states(input_ids, max_depth, newest_only=True)[:, 0]
         ensembles = states.cumsum(dim=1) / torch.arange(
             1, max_depth + 2, device=states.device, dtype=states.dtype
         ).unsqueeze(1)  # (B, max_depth + 1, D): the mean of states 0..d
         items = self.backbone.output_embedding().T / self.config.temperature
-        return [ensembles[:, d] @ items for d in range(max_depth + 1)]
+        for depth in range(max_depth + 1):
+            yield ensembles[:, depth] @ items
