@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from torch import Tensor
@@ -78,7 +78,10 @@ class SeqBatch:
 
 @dataclass(frozen=True)
 class ModelOutput:
-    """What ``model(batch)`` returns in training: a scalar loss, plus optional hidden states."""
+    """What ``model(batch)`` returns in training: a scalar loss, plus optional hidden states
+    and the named terms the loss combines (unweighted, for the training log: an objective
+    with several parts, such as DuoRec's next-item and contrastive terms, reports each)."""
 
     loss: Tensor
     hidden: Tensor | None = None
+    terms: dict[str, Tensor] = field(default_factory=dict)

@@ -39,6 +39,16 @@ def test_stage_2_starts_from_stage_1_and_keeps_its_weights(runs: tuple[Path, Pat
     assert "s0" in second
 
 
+def test_each_stage_logs_the_terms_of_its_loss(runs: tuple[Path, Path]) -> None:
+    stage_1, stage_2 = runs
+    for line in (stage_1 / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)  # stage 1: CE + lambda_IDR * IDR, lambda = 0.1 by default
+        assert row["loss"] == pytest.approx(row["loss_next_item"] + 0.1 * row["loss_idr"])
+    (row,) = [json.loads(line) for line in (stage_2 / "metrics.jsonl").read_text().splitlines()]
+    rounds = [row["loss_round_1"], row["loss_round_2"]]  # K = 2 rounds of deep supervision
+    assert row["loss"] == pytest.approx(sum(rounds) / 2)
+
+
 def test_depth_zero_of_stage_2_is_the_stage_1_model(runs: tuple[Path, Path]) -> None:
     stage_1, stage_2 = runs
     at_zero, _ = evaluate_run(stage_2, settings={"depth": 0})

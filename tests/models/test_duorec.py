@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import Sequences
 from seqrec.models.duorec import DuoRec, DuoRecConfig, info_nce
 from seqrec.models.sasrec import SASRec, SASRecConfig
+from seqrec.training.loop import log_epoch, train_one_epoch
 from tests.tiny import NUM_ITEMS, NUM_USERS, L
 
 CONFIG = DuoRecConfig(
@@ -107,6 +109,32 @@ def test_loss_is_ce_plus_lambda_infonce_by_hand(
 ) -> None:
     model = build(dropout=0.0, **changes)
     torch.testing.assert_close(model(duo_batch).loss, loss_by_hand(model, duo_batch))
+
+
+def test_the_loss_reports_its_two_terms(duo_batch: SeqBatch) -> None:
+    model = build(dropout=0.0)
+    output = model(duo_batch)
+    assert set(output.terms) == {"next_item", "contrastive"}
+    combined = output.terms["next_item"] + 0.3 * output.terms["contrastive"]
+    torch.testing.assert_close(output.loss, combined)
+    assert output.terms["contrastive"] > 0
+    assert build(contrastive_weight=0.0)(duo_batch).terms == {}
+
+
+def test_the_training_log_has_each_terms_epoch_mean(
+    duo_batch: SeqBatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = build(dropout=0.0)
+    stats = train_one_epoch(model, [duo_batch, duo_batch], None, device=torch.device("cpu"))
+    with torch.no_grad():  # no optimizer: both batches saw the same weights
+        output = model(duo_batch)
+    assert stats.terms["contrastive"] == pytest.approx(float(output.terms["contrastive"]))
+    assert stats.loss == pytest.approx(stats.terms["next_item"] + 0.3 * stats.terms["contrastive"])
+    row = {"epoch": 1, "loss": stats.loss, "epoch_seconds": 1.0}
+    row.update({f"loss_{name}": value for name, value in stats.terms.items()})
+    with caplog.at_level(logging.INFO, logger="seqrec.training.loop"):
+        log_epoch(row)
+    assert f"(next_item {stats.terms['next_item']:.4f}, contrastive " in caplog.text
 
 
 def test_same_target_views_are_not_negatives(duo_batch: SeqBatch) -> None:

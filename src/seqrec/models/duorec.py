@@ -187,8 +187,12 @@ class DuoRec(SASRec):
             raise ValueError("DuoRec.forward needs batch.labels")
         hidden, _ = self.encode(batch.input_ids)  # (B, L, D)
         labels = batch.labels[:, -hidden.size(1) :]
-        loss = dot_product_loss(self.config, hidden, labels, batch, self.output_embedding())
-        if self.config.contrastive_weight > 0.0:
-            contrastive = self.contrastive_loss(batch, hidden[:, -1])
-            loss = loss + self.config.contrastive_weight * contrastive
-        return ModelOutput(loss=loss, hidden=hidden)
+        next_item = dot_product_loss(self.config, hidden, labels, batch, self.output_embedding())
+        if self.config.contrastive_weight == 0.0:
+            return ModelOutput(loss=next_item, hidden=hidden)
+        contrastive = self.contrastive_loss(batch, hidden[:, -1])
+        return ModelOutput(
+            loss=next_item + self.config.contrastive_weight * contrastive,
+            hidden=hidden,
+            terms={"next_item": next_item, "contrastive": contrastive},
+        )

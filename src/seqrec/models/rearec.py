@@ -195,10 +195,14 @@ class ReaRec(ScoringRecommender):
         chosen = states[real]  # (P, K + 1, D)
         items = self.backbone.output_embedding()
         tau = self.config.temperature
-        loss = fused_full_ce(chosen.mean(dim=1) / tau, items, labels[real])
-        if self.config.kl_weight > 0:
-            loss = loss - self.config.kl_weight * kl_diversity(chosen, items, tau)
-        return ModelOutput(loss=loss)
+        next_item = fused_full_ce(chosen.mean(dim=1) / tau, items, labels[real])
+        if self.config.kl_weight == 0:
+            return ModelOutput(loss=next_item)
+        diversity = kl_diversity(chosen, items, tau)
+        return ModelOutput(
+            loss=next_item - self.config.kl_weight * diversity,
+            terms={"next_item": next_item, "kl_diversity": diversity},
+        )
 
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
         states = self.reasoning_states(input_ids, self.config.inference_depth, newest_only=True)

@@ -645,12 +645,15 @@ class RecRec(ScoringRecommender):
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
         return interest_scores(self.interests(input_ids), self.items(), self.config.temperature)
 
-    def objective(self, m: Tensor, targets: Tensor) -> Tensor:
-        """CE of the log-mean-exp scores + lambda IDR: (P, R, D), (P,) -> ()."""
-        loss = interest_ce(m, self.items(), targets, self.config.temperature)
-        if self.config.idr_weight > 0:
-            loss = loss + self.config.idr_weight * interest_diversity(m)
-        return loss
+    def objective(self, m: Tensor, targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """CE of the log-mean-exp scores + lambda IDR: (P, R, D), (P,) -> the loss () and
+        its terms by name (empty without the IDR)."""
+        next_item = interest_ce(m, self.items(), targets, self.config.temperature)
+        if self.config.idr_weight == 0:
+            return next_item, {}
+        diversity = interest_diversity(m)
+        loss = next_item + self.config.idr_weight * diversity
+        return loss, {"next_item": next_item, "idr": diversity}
 
     def forward(self, batch: SeqBatch) -> ModelOutput:
         if batch.labels is None:
@@ -662,16 +665,22 @@ class RecRec(ScoringRecommender):
         targets = labels[real]  # (P,)
         if self.config.stage == 1:
             _, _, m = self.encode(batch.input_ids, newest_only)
-            return ModelOutput(loss=self.objective(m[real], targets))
+            loss, terms = self.objective(m[real], targets)
+            return ModelOutput(loss=loss, terms=terms)
         with torch.no_grad():  # frozen; the compressor's dropout still draws in train mode
             hidden, mask, m = self.encode(batch.input_ids, newest_only)
-        return ModelOutput(loss=self.deep_supervision(hidden, mask, m, real, targets))
+        rounds = self.deep_supervision(hidden, mask, m, real, targets)
+        return ModelOutput(
+            loss=torch.stack(rounds).mean(),
+            terms={f"round_{k}": loss for k, loss in enumerate(rounds, start=1)},
+        )
 
     def deep_supervision(
         self, hidden: Tensor, mask: Tensor, m: Tensor, real: Tensor, targets: Tensor
-    ) -> Tensor:
+    ) -> list[Tensor]:
         """Stage 2: K rounds of T steps from (S_0, M_0); only each round's last step has a
-        gradient (1-step BPTT), S and M are detached between rounds; mean of round losses."""
+        gradient (1-step BPTT), S and M are detached between rounds; one loss per round (the
+        objective is their mean)."""
         assert self.reasoner is not None
         assert self.s0 is not None
         shared = self.reasoner.context(hidden)  # depends on the reasoner: keeps its gradient
@@ -682,6 +691,6 @@ class RecRec(ScoringRecommender):
                 for _ in range(self.config.steps_per_round - 1):
                     s, m = self.step(s, m, shared, mask)
             s, m = self.step(s, m, shared, mask)
-            losses.append(self.objective(m[real], targets))
+            losses.append(self.objective(m[real], targets)[0])
             s, m = s.detach(), m.detach()
-        return torch.stack(losses).mean()
+        return losses

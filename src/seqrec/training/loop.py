@@ -72,6 +72,7 @@ class EpochStats:
     loss: float
     seconds: float
     targets: int  # positions with a loss
+    terms: dict[str, float] = field(default_factory=dict)  # ModelOutput.terms, epoch means
 
     @property
     def targets_per_second(self) -> float:
@@ -97,6 +98,7 @@ def train_one_epoch(
     model.train()
     start = time.perf_counter()
     total_loss, total_targets = 0.0, 0
+    term_totals: dict[str, float] = {}
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     for step in batches:
         parts = step if isinstance(step, list) else [step]
@@ -106,12 +108,15 @@ def train_one_epoch(
         for part in parts:
             batch = part.to(device)
             with autocast:
-                loss = model(batch).loss
+                output = model(batch)
+            loss = output.loss
             n = batch.num_targets
             if optimizer is not None:
                 (loss if len(parts) == 1 else loss * (n / step_targets)).backward()
             total_loss += float(loss.detach()) * n
             total_targets += n
+            for name, term in output.terms.items():
+                term_totals[name] = term_totals.get(name, 0.0) + float(term.detach()) * n
         if optimizer is not None:
             if grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -126,13 +131,18 @@ def train_one_epoch(
     if not math.isfinite(total_loss):
         raise FloatingPointError("training loss is not finite; lower train.lr or check the data")
     return EpochStats(
-        total_loss / max(total_targets, 1), time.perf_counter() - start, total_targets
+        total_loss / max(total_targets, 1),
+        time.perf_counter() - start,
+        total_targets,
+        {name: total / max(total_targets, 1) for name, total in term_totals.items()},
     )
 
 
 def log_epoch(row: dict[str, Any]) -> None:
     """The default epoch callback: one readable log line."""
-    parts = [f"epoch {row['epoch']}", f"loss {row['loss']:.4f}", f"{row['epoch_seconds']:.1f} s"]
+    terms = [f"{k[5:]} {v:.4f}" for k, v in row.items() if k.startswith("loss_")]
+    loss = f"loss {row['loss']:.4f}" + (f" ({', '.join(terms)})" if terms else "")
+    parts = [f"epoch {row['epoch']}", loss, f"{row['epoch_seconds']:.1f} s"]
     parts += [f"{k} {v:.4f}" for k, v in row.items() if k in ("valid_NDCG@10", "valid_HR@10")]
     logger.info("%s", "  ".join(parts))
 
@@ -253,6 +263,7 @@ class Trainer:
         row: dict[str, Any] = {
             "epoch": epoch,
             "loss": stats.loss,
+            **{f"loss_{name}": value for name, value in stats.terms.items()},
             "epoch_seconds": round(stats.seconds, 3),
             "targets_per_second": round(stats.targets_per_second, 1),
             "elapsed_seconds": round(self.state.elapsed_seconds, 2),  # training + validation
