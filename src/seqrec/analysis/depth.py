@@ -30,10 +30,7 @@ from seqrec.config import ConfigError, EvalConfig, SplitChoice
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import describe_protocol, evaluate_variants
 from seqrec.io import atomic_write, atomic_write_text
-from seqrec.models.base import (
-    SequentialRecommender,
-    with_inference_settings,
-)
+from seqrec.models.base import SequentialRecommender, with_inference_settings
 from seqrec.models.recrec import RecRec, interest_diversity, interest_scores
 from seqrec.training.checkpoint import load_run
 from seqrec.training.loop import resolve_device
