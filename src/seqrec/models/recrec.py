@@ -221,8 +221,9 @@ def interest_scores(interests: Tensor, items: Tensor, temperature: float) -> Ten
     """s(v) = log((1/R) sum_r exp(m_r . e_v / tau)): (B, R, D), (N + 1, D) -> (B, N + 1).
 
     A few users at a time: their (rows, R, N + 1) logits stay in cache for the logsumexp
-    over R, so memory stays (B, N + 1) (twice as fast on CPU as folding the R products in
-    with pairwise logaddexp).
+    over R, and memory stays (B, N + 1). On one CPU thread with Beauty's 12,102 items and
+    R = 8 this took about half the time of folding the R products in with pairwise
+    logaddexp.
     """
     B, R, D = interests.shape
     V = items.size(0)  # N + 1 columns, padding included
