@@ -22,7 +22,9 @@ ATOL = 1e-5
 
 @pytest.mark.parametrize("alpha", [1.0, 0.3, 0.0])
 @pytest.mark.parametrize(
-    "changes", [{}, {"num_heads": 1}, {"residual": False}, {"layout": "reference"}], ids=str
+    "changes",
+    [{}, {"num_heads": 1}, {"residual": False}, {"layout": "reference"}, {"layout": "post_ln"}],
+    ids=str,
 )
 def test_components_sum_to_what_the_block_computed(
     batch: SeqBatch, alpha: float, changes: dict[str, object]
@@ -60,6 +62,24 @@ def test_records_are_the_models_own_tensors_and_modules(model: SASRec, batch: Se
     block = model.blocks[0]
     torch.testing.assert_close(records[1].x, records[0].pre_ln + block.ffn(records[0].ln_output))
     assert real.shape == batch.input_ids.shape
+
+
+def test_post_ln_records_name_the_layernorm_after_the_attention_residual(
+    batch: SeqBatch,
+) -> None:
+    model = tiny_sasrec(layout="post_ln")
+    hidden, records, _ = trace_encode(model, batch.input_ids)
+    for block, record in zip(model.blocks, records, strict=True):
+        assert record.ln is block.ln_attn
+        torch.testing.assert_close(record.attn_input, record.x)  # no LayerNorm before Attn
+        torch.testing.assert_close(record.ln_output, block.ln_attn(record.pre_ln))
+    # The stream: next block input = LN_ffn(h + FFN(h)), h the attention sublayer's output.
+    first = model.blocks[0]
+    after_ffn = records[0].ln_output + first.ffn(records[0].ln_output)
+    torch.testing.assert_close(records[1].x, first.ln_ffn(after_ffn))
+    last = model.blocks[1]
+    output = last.ln_ffn(records[1].ln_output + last.ffn(records[1].ln_output))
+    torch.testing.assert_close(hidden, output)  # no final LayerNorm
 
 
 def test_trace_needs_eval_mode_and_all_positions(model: SASRec, batch: SeqBatch) -> None:

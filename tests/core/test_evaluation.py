@@ -137,7 +137,7 @@ def test_export_config_is_frozen() -> None:
 
 @pytest.mark.parametrize(
     "config",
-    [EvalConfig(batch_size=3), EvalConfig(protocol="sampled", num_negatives=3)],
+    [EvalConfig(batch_size=3), EvalConfig(protocol="sampled", num_negatives=3, batch_size=3)],
     ids=["full", "sampled"],
 )
 def test_score_variants_in_one_pass_equal_separate_evaluations(config: EvalConfig) -> None:

@@ -104,13 +104,21 @@ def test_kl_diversity_by_hand() -> None:
 
 def test_erl_objective_by_hand(batch: SeqBatch) -> None:
     model = make(dropout=0.0, kl_weight=0.2, temperature=0.5).train()
-    loss = model(batch).loss
+    output = model(batch)
+    loss = output.loss
+    torch.testing.assert_close(loss, output.terms["next_item"] - 0.2 * output.terms["kl_diversity"])
+    assert make(kl_weight=0.0)(batch).terms == {}
     states = model.reasoning_states(batch.input_ids, 2, newest_only=False)
     real = batch.labels != PAD_ID
     chosen = states[real]
     items = model.backbone.output_embedding()
     ce = F.cross_entropy(chosen.mean(1) @ items[1:].T / 0.5, batch.labels[real] - 1)
     torch.testing.assert_close(loss, ce - 0.2 * kl_diversity(chosen, items, 0.5))
+
+
+def test_post_ln_backbone_is_refused() -> None:
+    with pytest.raises(ConfigError, match="cannot use layout: post_ln"):
+        make(backbone_options={"layout": "post_ln"})
 
 
 def test_depth_cannot_exceed_the_trained_steps() -> None:

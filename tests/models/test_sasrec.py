@@ -231,6 +231,9 @@ def test_post_ln_layout_is_recboles_encoder(batch: SeqBatch) -> None:
     """LN over item + position embeddings, then per block h = LN(x + Attn(x)),
     LN(h + FFN(h)) with GELU, and no LayerNorm after the last block, written out by hand."""
     model = build(layout="post_ln", activation="gelu", num_heads=1, scale_embedding=False)
+    with torch.no_grad():  # LayerNorms away from (1, 0), so swapping two of them shows
+        for parameter in model.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
     ids = batch.input_ids
     real = ids != PAD_ID
     D = CONFIG.hidden_size

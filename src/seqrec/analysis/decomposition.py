@@ -1,8 +1,8 @@
 """Norm-based decomposition of an attention block (Kobayashi et al. 2020/2021, as used by
 Kozaki et al., RecSys 2026, Sec. 4 and supplement Eq. 22).
 
-Our SASRec block is pre-LN. What it computes at position i of one block, with alpha the
-residual scale and ``LN`` the LayerNorm that follows the residual sum (``ln_ffn``)::
+What our SASRec block computes at position i (pre-LN layout), with alpha the residual scale
+and ``LN`` the LayerNorm that follows the residual sum (``ln_ffn``)::
 
     u = LN_attn(x)                                   attention input (queries, keys, values)
     Attn_i = sum_h sum_j w^h_ij (u_j W_V^h + b_V^h) W_O^h + b_O
@@ -10,7 +10,10 @@ residual scale and ``LN`` the LayerNorm that follows the residual sum (``ln_ffn`
     x~_i = LN(y_i)                                   what the FFN reads
 
 The residual branch is x_i itself (not LN_attn(x_i)): we decompose exactly what the model
-computes. Components of position j in position i:
+computes. The other layouts fit the same form through ``AttentionRecord``: the reference
+layout's residual branch is LN_attn(x) and its keys and values read x; the post-LN layout has
+u = x and LN = ``ln_attn``, the LayerNorm right after the attention residual.
+Components of position j in position i:
 
     a_ij = sum_h w^h_ij f^h_j,  f^h_j = (u_j W_V^h + b_V^h) W_O^h     (Attn stage)
     y_ij = a_ij + 1[j = i] alpha x_i                                  (+Res stage)

@@ -104,10 +104,13 @@ def depth_curve(
     """One row per depth 0..max_depth: NDCG@10, Recall@10/20 with CI half-widths (and, for
     RecRec, the mean pairwise interest cosine), all depths in one pass over the users."""
     check_depth_model(model, max_depth)
+    eval_set = data.eval_set(split)
+    if len(eval_set) == 0:
+        raise ConfigError(f"the {split} split has no users to evaluate the depth curve on")
     sweep = _DepthSweep(model, max_depth)
     results = evaluate_variants(
         model,
-        data.eval_set(split),
+        eval_set,
         dataclasses.replace(eval_config, ks=(10, 20)),
         sweep,
         all_sequences=data.sequences,

@@ -6,8 +6,9 @@ position is read out, with
 - ``residual_scale``: a settable float alpha that scales the residual branch of every
   attention sublayer, h = alpha * x + Attn(x) (1.0 = the trained model; the FFN residual is
   never scaled);
-- ``encode(input_ids, trace=records)``: all positions' hidden states (after the final
-  LayerNorm), appending one ``seqrec.models.sasrec.AttentionRecord`` per block to ``records``;
+- ``encode(input_ids, trace=records)``: all positions' hidden states (the scored output,
+  after the final LayerNorm where the layout has one), appending one
+  ``seqrec.models.sasrec.AttentionRecord`` per block to ``records``;
 - ``output_embedding()``: the (N + 1, D) matrix whose rows score items, so position t's
   scores are ``hidden[:, t] @ output_embedding().T``.
 

@@ -21,8 +21,8 @@ Differences from the reference code, all deliberate:
 - Views sharing a target with the anchor are removed from its negatives (they are false
   negatives: the supervised positive itself is such a sequence). The reference code keeps
   them; ``mask_same_target: false`` reproduces it.
-- The encoder is the library's SASRec with all its switches (ReLU FFN, final LayerNorm,
-  padded keys masked); the shipped configs use the SASRec+ block (kang205's layout and
+- The encoder is the library's SASRec with all its switches (padded keys masked); the
+  shipped configs use the SASRec+ block (kang205's layout and
   dropout placement) with the reference's N(0, 0.02) init and positions counted from the
   oldest item. The reference uses RecBole's BERT-style encoder (post-LayerNorm blocks, GELU
   FFN, LayerNorm on the input embeddings), which ``layout: post_ln``, ``dropout_placement:

@@ -92,6 +92,8 @@ class ReaRecConfig(ModelConfig):
         config = from_dict(SASRecConfig, values, "model.backbone_options")
         if config.user_embedding:
             raise ConfigError("ReaRec does not use a user embedding (backbone_options)")
+        if config.layout == "post_ln":  # its reasoning tokens would skip the input LayerNorm
+            raise ConfigError("ReaRec's backbone cannot use layout: post_ln (backbone_options)")
         return config
 
 

@@ -227,7 +227,7 @@ def interest_scores(interests: Tensor, items: Tensor, temperature: float) -> Ten
     """
     B, R, D = interests.shape
     V = items.size(0)  # N + 1 columns, padding included
-    rows = max(1, SCORE_BLOCK // (R * V))
+    rows = B if interests.is_cuda else max(1, SCORE_BLOCK // (R * V))  # blocks suit a CPU cache
     scaled = items.T / temperature  # (D, N + 1)
     blocks = [
         torch.logsumexp((part.reshape(-1, D) @ scaled).view(-1, R, V), dim=1)

@@ -14,7 +14,8 @@ values come from the un-normalised input), the attention residual is added to th
 queries, and the FFN residual to the FFN's normalised input. ``layout: post_ln`` is the
 BERT-style encoder of RecBole's SASRec (and of DuoRec's reference code, built on it):
 LN(x + g(x)) per sublayer, a LayerNorm on the summed input embeddings and none after the last
-block. Where dropout goes is a separate switch: ``dropout_placement: paper`` (each sublayer's
+block (LayerNorm eps 1e-5 as everywhere here; RecBole uses 1e-12). Where dropout goes is a
+separate switch: ``dropout_placement: paper`` (each sublayer's
 output), ``reference`` (the attention weights and after each FFN layer) or ``bert`` (the
 attention weights and each sublayer's output, as BERT and RecBole). The FFN's activation is
 ``activation`` (ReLU in the paper, GELU in RecBole). The SASRec+ configs (Klenitskiy &

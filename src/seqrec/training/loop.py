@@ -117,6 +117,7 @@ def train_one_epoch(
             total_targets += n
             for name, term in output.terms.items():
                 term_totals[name] = term_totals.get(name, 0.0) + float(term.detach()) * n
+            del output, loss  # the next part's activations need the memory
         if optimizer is not None:
             if grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
