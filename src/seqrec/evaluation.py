@@ -259,11 +259,27 @@ def evaluate_model(
     device: torch.device | str = "cpu",
 ) -> EvalResult:
     """Evaluate ``model`` on the test (or validation) users of ``data``."""
-    eval_set = data.eval_set(split)
-    return evaluate(
+    (result,) = evaluate_model_variants(
+        model, data, config, _model_scores(model), split=split, device=device
+    )
+    return result
+
+
+def evaluate_model_variants(
+    model: SequentialRecommender,
+    data: PreparedData,
+    config: EvalConfig,
+    variants: ScoreVariants | None,
+    *,
+    split: SplitChoice = "test",
+    device: torch.device | str = "cpu",
+) -> list[EvalResult]:
+    """``evaluate_variants`` on the test (or validation) users of ``data``."""
+    return evaluate_variants(
         model,
-        eval_set,
+        data.eval_set(split),
         config,
+        variants,
         all_sequences=data.sequences,
         num_items=data.num_items,
         item_counts=data.item_counts(),

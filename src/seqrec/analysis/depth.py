@@ -28,10 +28,10 @@ from torch import Tensor
 from seqrec.analysis.tables import markdown_table, write_table
 from seqrec.config import ConfigError, EvalConfig, SplitChoice
 from seqrec.data.sequences import PreparedData
-from seqrec.evaluation import describe_protocol, evaluate_variants
+from seqrec.evaluation import describe_protocol, evaluate_model_variants
 from seqrec.io import atomic_write, atomic_write_text
 from seqrec.models.base import SequentialRecommender, with_inference_settings
-from seqrec.models.recrec import RecRec, interest_diversity, interest_scores
+from seqrec.models.recrec import RecRec, interest_diversity
 from seqrec.training.checkpoint import load_run
 from seqrec.training.loop import resolve_device
 from seqrec.training.run import data_for_run
@@ -81,8 +81,7 @@ class _DepthSweep:
             for depth, m in enumerate(interests):
                 self.cosine_sums[depth] += float(interest_diversity(m)) * m.size(0)
             self.users += input_ids.size(0)
-            items, tau = model.items(), model.config.temperature
-            return (interest_scores(m, items, tau) for m in interests)
+            return (model.interest_item_scores(m) for m in interests)
         assert isinstance(model, DepthScorer)  # check_depth_model
         return model.scores_at_depths(input_ids, self.max_depth)
 
@@ -104,21 +103,11 @@ def depth_curve(
     """One row per depth 0..max_depth: NDCG@10, Recall@10/20 with CI half-widths (and, for
     RecRec, the mean pairwise interest cosine), all depths in one pass over the users."""
     check_depth_model(model, max_depth)
-    eval_set = data.eval_set(split)
-    if len(eval_set) == 0:
+    if len(data.eval_set(split)) == 0:
         raise ConfigError(f"the {split} split has no users to evaluate the depth curve on")
     sweep = _DepthSweep(model, max_depth)
-    results = evaluate_variants(
-        model,
-        eval_set,
-        dataclasses.replace(eval_config, ks=(10, 20)),
-        sweep,
-        all_sequences=data.sequences,
-        num_items=data.num_items,
-        item_counts=data.item_counts(),
-        device=device,
-        split=split,
-    )
+    config = dataclasses.replace(eval_config, ks=(10, 20))
+    results = evaluate_model_variants(model, data, config, sweep, split=split, device=device)
     cosines = sweep.mean_cosines()
     rows: list[dict[str, Any]] = []
     for depth, result in enumerate(results):

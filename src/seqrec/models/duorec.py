@@ -22,12 +22,11 @@ Differences from the reference code, all deliberate:
   negatives: the supervised positive itself is such a sequence). The reference code keeps
   them; ``mask_same_target: false`` reproduces it.
 - The encoder is the library's SASRec with all its switches (padded keys masked); the
-  shipped configs use the SASRec+ block (kang205's layout and
-  dropout placement) with the reference's N(0, 0.02) init and positions counted from the
-  oldest item. The reference uses RecBole's BERT-style encoder (post-LayerNorm blocks, GELU
-  FFN, LayerNorm on the input embeddings), which ``layout: post_ln``, ``dropout_placement:
-  bert`` and ``activation: gelu`` reproduce. Sizes, dropout rate and the unscaled
-  embeddings follow it.
+  shipped configs use the SASRec+ block (kang205's layout and dropout placement) with the
+  reference's N(0, 0.02) init and positions counted from the oldest item. The reference
+  uses RecBole's BERT-style encoder (post-LayerNorm blocks, GELU FFN, LayerNorm on the input
+  embeddings), which ``layout: post_ln``, ``dropout_placement: bert`` and ``activation:
+  gelu`` reproduce. Sizes, dropout rate and the unscaled embeddings follow it.
 - Training positions: the reference trains on every prefix of every sequence as a separate
   example, each with its own supervised positive and contrastive term (``examples:
   prefixes``). By default (``examples: rows``) a row trains its next-item loss at every

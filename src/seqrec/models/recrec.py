@@ -639,12 +639,15 @@ class RecRec(ScoringRecommender):
     def scores_at_depths(self, input_ids: Tensor, max_depth: int) -> Iterator[Tensor]:
         """``score`` at depths 0..max_depth from one encoding: max_depth + 1 (B, N + 1)
         tensors, each computed when the previous one has been consumed."""
-        items, tau = self.items(), self.config.temperature
         for m in self.interests_at_depths(input_ids, max_depth):
-            yield interest_scores(m, items, tau)
+            yield self.interest_item_scores(m)
+
+    def interest_item_scores(self, interests: Tensor) -> Tensor:
+        """(B, R, D) interests -> (B, N + 1) log-mean-exp scores of every item."""
+        return interest_scores(interests, self.items(), self.config.temperature)
 
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
-        return interest_scores(self.interests(input_ids), self.items(), self.config.temperature)
+        return self.interest_item_scores(self.interests(input_ids))
 
     def objective(self, m: Tensor, targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """CE of the log-mean-exp scores + lambda IDR: (P, R, D), (P,) -> the loss () and

@@ -15,9 +15,9 @@ queries, and the FFN residual to the FFN's normalised input. ``layout: post_ln``
 BERT-style encoder of RecBole's SASRec (and of DuoRec's reference code, built on it):
 LN(x + g(x)) per sublayer, a LayerNorm on the summed input embeddings and none after the last
 block (LayerNorm eps 1e-5 as everywhere here; RecBole uses 1e-12). Where dropout goes is a
-separate switch: ``dropout_placement: paper`` (each sublayer's
-output), ``reference`` (the attention weights and after each FFN layer) or ``bert`` (the
-attention weights and each sublayer's output, as BERT and RecBole). The FFN's activation is
+separate switch: ``dropout_placement: paper`` (each sublayer's output), ``reference`` (the
+attention weights and after each FFN layer) or ``bert`` (the attention weights and each
+sublayer's output, as BERT and RecBole). The FFN's activation is
 ``activation`` (ReLU in the paper, GELU in RecBole). The SASRec+ configs (Klenitskiy &
 Vasilev 2023) use the reference layout and placement, N(0, 0.02) initialisation
 (``init_std``), positions counted from the oldest item of the window (``position_origin:
@@ -228,6 +228,11 @@ class Block(nn.Module):
         outer = config.dropout_placement in ("paper", "bert")
         self.dropout = Dropout(config.dropout if outer else 0.0)
 
+    @property
+    def residual_ln(self) -> nn.LayerNorm:
+        """The LayerNorm applied to the attention residual sum, whose output the FFN reads."""
+        return self.ln_attn if self.post_ln else self.ln_ffn
+
     def forward(
         self,
         x: Tensor,
@@ -249,8 +254,7 @@ class Block(nn.Module):
             branch = branch[:, -1:]
         residual = branch if residual_scale == 1.0 else residual_scale * branch
         y = residual + attended if self.residual else attended
-        after = self.ln_attn if self.post_ln else self.ln_ffn  # the LN the FFN reads
-        normed = after(y)
+        normed = self.residual_ln(y)
         if trace is not None:
             assert weights is not None
             values = self.attn.key_values(kv_input)[1]
@@ -287,7 +291,7 @@ class Block(nn.Module):
             pre_ln=y,
             ln_output=normed,
             attn=self.attn,
-            ln=self.ln_attn if self.post_ln else self.ln_ffn,
+            ln=self.residual_ln,
         )
 
 
