@@ -75,7 +75,8 @@ def nce_by_hand(
 
 
 def loss_by_hand(model: DuoRec, batch: SeqBatch) -> torch.Tensor:
-    """CE at every real position + lambda * InfoNCE of the newest states (dropout off)."""
+    """CE at every real position + lambda * InfoNCE of the newest states (dropout off),
+    each InfoNCE example weighed as one of the CE's positions."""
     config = model.config
     hidden, _ = model.encode(batch.input_ids)
     real = batch.labels != PAD_ID
@@ -89,7 +90,8 @@ def loss_by_hand(model: DuoRec, batch: SeqBatch) -> torch.Tensor:
     tau = config.temperature
     pairs = {"us_x": [(a, s)], "un": [(a, a)], "su": [(a, s)], "us": [(a, a), (a, s)]}
     contrastive = sum(nce_by_hand(x, y, targets, tau) for x, y in pairs[config.contrast])
-    return ce + config.contrastive_weight * contrastive
+    per_example = batch.labels.size(0) / real.sum()  # one contrastive example per row
+    return ce + config.contrastive_weight * per_example * contrastive
 
 
 @pytest.mark.parametrize(
@@ -115,7 +117,8 @@ def test_the_loss_reports_its_two_terms(duo_batch: SeqBatch) -> None:
     model = build(dropout=0.0)
     output = model(duo_batch)
     assert set(output.terms) == {"next_item", "contrastive"}
-    combined = output.terms["next_item"] + 0.3 * output.terms["contrastive"]
+    share = 4 / int((duo_batch.labels != PAD_ID).sum())  # 4 rows, 4 contrastive examples
+    combined = output.terms["next_item"] + 0.3 * share * output.terms["contrastive"]
     torch.testing.assert_close(output.loss, combined)
     assert output.terms["contrastive"] > 0
     assert build(contrastive_weight=0.0)(duo_batch).terms == {}
@@ -129,7 +132,9 @@ def test_the_training_log_has_each_terms_epoch_mean(
     with torch.no_grad():  # no optimizer: both batches saw the same weights
         output = model(duo_batch)
     assert stats.terms["contrastive"] == pytest.approx(float(output.terms["contrastive"]))
-    assert stats.loss == pytest.approx(stats.terms["next_item"] + 0.3 * stats.terms["contrastive"])
+    share = 4 / int((duo_batch.labels != PAD_ID).sum())
+    expected = stats.terms["next_item"] + 0.3 * share * stats.terms["contrastive"]
+    assert stats.loss == pytest.approx(expected)
     row = {"epoch": 1, "loss": stats.loss, "epoch_seconds": 1.0}
     row.update({f"loss_{name}": value for name, value in stats.terms.items()})
     with caplog.at_level(logging.INFO, logger="seqrec.training.loop"):

@@ -33,6 +33,11 @@ Differences from the reference code, all deliberate:
   position at once (the same examples, batched by user) and the contrastive term at its
   newest position, where the batch provides a same-target sequence. So an epoch has one
   contrastive example per user, not one per interaction, and fewer optimizer steps.
+  Each contrastive example weighs what one next-item example weighs, as in the reference,
+  where both terms are means over the same examples: the InfoNCE (a mean over the rows) is
+  scaled by rows / next-item positions. Weighted as a mean over rows instead, the term is
+  L times stronger at the newest position than the reference's, and it collapses every
+  newest state onto one vector (measured on Beauty: mean cosine 0.998 between random rows).
 - A row whose target occurs nowhere else in the training data is its own supervised
   positive (its own history, dropped out differently), as in the reference.
 """
@@ -47,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqrec.batch import BatchNeeds, ModelOutput, SeqBatch
+from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
 from seqrec.config import ConfigError
 from seqrec.models.base import register_model
 from seqrec.models.objective import LossName, dot_product_loss
@@ -190,8 +195,11 @@ class DuoRec(SASRec):
         if self.config.contrastive_weight == 0.0:
             return ModelOutput(loss=next_item, hidden=hidden)
         contrastive = self.contrastive_loss(batch, hidden[:, -1])
+        # One contrastive example per row against one next-item example per real position
+        # (1 in prefix examples): each example weighs the same, as in the reference.
+        share = labels.size(0) / (labels != PAD_ID).sum().clamp(min=1)
         return ModelOutput(
-            loss=next_item + self.config.contrastive_weight * contrastive,
+            loss=next_item + self.config.contrastive_weight * share * contrastive,
             hidden=hidden,
             terms={"next_item": next_item, "contrastive": contrastive},
         )
