@@ -109,6 +109,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from seqrec.analysis.compare import paired_differences, read_ranks
+
+    rows = paired_differences(
+        read_ranks(args.ranks_a),
+        read_ranks(args.ranks_b),
+        tuple(args.k),
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows]))
+        return 0
+    print(f"A = {args.ranks_a}, B = {args.ranks_b}: per-user differences A - B")
+    print(f"{'metric':>8} {'A':>8} {'B':>8} {'A - B':>9} {'std err':>8} {'z':>6}  bootstrap 95%")
+    for r in rows:
+        print(
+            f"{r.metric:>8} {r.mean_a:8.4f} {r.mean_b:8.4f} {r.difference:+9.4f} "
+            f"{r.standard_error:8.4f} {r.z:6.2f}  [{r.ci_low:+.4f}, {r.ci_high:+.4f}]"
+        )
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from seqrec.evaluation import export_ranks
     from seqrec.training.run import evaluate_run
@@ -417,6 +440,17 @@ def build_parser() -> argparse.ArgumentParser:
     _inference_flag(p)
     _common_data(p)
     p.set_defaults(handler=cmd_evaluate)
+
+    p = sub.add_parser(
+        "compare", help="paired per-user comparison of two runs' exported test ranks"
+    )
+    p.add_argument("ranks_a", help="rank file of run A (seqrec evaluate --export-ranks)")
+    p.add_argument("ranks_b", help="rank file of run B, the same users and targets")
+    p.add_argument("--k", type=int, nargs="+", default=[10], help="cut-offs (default 10)")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples of users")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="one JSON list on stdout")
+    p.set_defaults(handler=cmd_compare)
 
     p = sub.add_parser(
         "tokenize", help="fit a semantic-ID tokeniser (tokenizer section) and write the codes"

@@ -1,0 +1,138 @@
+"""Paired comparison of two models on the same test users, from their exported ranks.
+
+Two runs evaluated on one split rank the same target for each user, so their difference is
+measured per user: the mean of the per-user metric differences, its standard error, and a
+seeded bootstrap interval over users. This is much tighter than comparing the two runs'
+separate confidence intervals, because most of the per-user variance is shared. It covers
+the test users, not training randomness: one run per model is still one seed.
+
+Rank files are what ``seqrec evaluate --export-ranks`` writes: ``user_id``, ``target``,
+1-based ``rank``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import torch
+
+from seqrec.metrics import METRICS
+
+RANK_COLUMNS = ("user_id", "target", "rank")
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    metric: str
+    mean_a: float
+    mean_b: float
+    difference: float  # mean over users of (A - B)
+    standard_error: float
+    z: float  # difference / standard_error
+    ci_low: float  # bootstrap percentile interval of the difference, 95%
+    ci_high: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_ranks(path: str | Path) -> pl.DataFrame:
+    """A rank file as (user_id, target, rank), user ids and targets as strings."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"rank file {path} does not exist")
+    try:
+        frame = pl.read_parquet(path) if path.suffix.lower() == ".parquet" else pl.read_csv(path)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise ValueError(f"{path} is not a readable rank file: {err}") from None
+    missing = [c for c in RANK_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"{path} lacks column(s) {', '.join(missing)}; rank files come from "
+            "`seqrec evaluate RUN --export-ranks FILE`"
+        )
+    frame = frame.select(
+        pl.col("user_id").cast(pl.String),
+        pl.col("target").cast(pl.String),
+        pl.col("rank").cast(pl.Int64, strict=False),
+    )
+    if frame["rank"].null_count() or (frame["rank"] < 1).any():
+        raise ValueError(f"{path}: every rank must be an integer >= 1")
+    if frame["user_id"].is_duplicated().any():
+        raise ValueError(f"{path}: a user appears more than once")
+    return frame
+
+
+def aligned_ranks(a: pl.DataFrame, b: pl.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-based ranks of the same users in both files, in one order; refuses files that rank
+    different users or different targets (different splits or datasets)."""
+    joined = a.join(b, on="user_id", how="full", suffix="_b", coalesce=True)
+    only_one = joined.filter(pl.col("rank").is_null() | pl.col("rank_b").is_null()).height
+    if only_one:
+        raise ValueError(
+            f"the rank files rank different users ({only_one} in one file only): evaluate both "
+            "runs on the same dataset and split"
+        )
+    differ = joined.filter(pl.col("target") != pl.col("target_b")).height
+    if differ:
+        raise ValueError(
+            f"the rank files have different targets for {differ} users: evaluate both runs on "
+            "the same dataset and split"
+        )
+    joined = joined.sort("user_id")
+    return (
+        torch.from_numpy(joined["rank"].to_numpy() - 1),
+        torch.from_numpy(joined["rank_b"].to_numpy() - 1),
+    )
+
+
+def _bootstrap_means(
+    values: npt.NDArray[np.float64], samples: int, seed: int
+) -> npt.NDArray[np.float64]:
+    rng = np.random.default_rng(seed)
+    n = len(values)
+    return np.array([values[rng.integers(0, n, n)].mean() for _ in range(samples)])
+
+
+def paired_differences(
+    a: pl.DataFrame,
+    b: pl.DataFrame,
+    ks: tuple[int, ...] = (10,),
+    *,
+    bootstrap: int = 2000,
+    seed: int = 0,
+) -> list[PairedDifference]:
+    """A - B for HR, NDCG and MRR at each k, over the users both files rank."""
+    if bootstrap < 1:
+        raise ValueError(f"bootstrap must be >= 1, got {bootstrap}")
+    ranks_a, ranks_b = aligned_ranks(a, b)
+    if len(ranks_a) < 2:
+        raise ValueError("a paired comparison needs at least two users")
+    out = []
+    for k in ks:
+        for name in ("HR", "NDCG", "MRR"):
+            metric = METRICS[name]
+            per_a = metric(ranks_a, k).numpy()
+            per_b = metric(ranks_b, k).numpy()
+            diff = per_a - per_b
+            error = float(diff.std(ddof=1) / math.sqrt(len(diff)))
+            means = _bootstrap_means(diff, bootstrap, seed)
+            out.append(
+                PairedDifference(
+                    metric=f"{name}@{k}",
+                    mean_a=float(per_a.mean()),
+                    mean_b=float(per_b.mean()),
+                    difference=float(diff.mean()),
+                    standard_error=error,
+                    z=float(diff.mean() / error) if error > 0 else 0.0,
+                    ci_low=float(np.percentile(means, 2.5)),
+                    ci_high=float(np.percentile(means, 97.5)),
+                )
+            )
+    return out

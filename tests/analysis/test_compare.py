@@ -1,0 +1,87 @@
+"""Paired comparison of exported ranks: differences by hand, alignment by user, clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from seqrec.analysis.compare import paired_differences, read_ranks
+from tests.cli.helpers import SEQREC
+
+
+def write(path: Path, users: list[str], targets: list[str], ranks: list[int]) -> Path:
+    pl.DataFrame({"user_id": users, "target": targets, "rank": ranks}).write_csv(path)
+    return path
+
+
+def test_differences_match_a_hand_computation_and_align_by_user(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.csv", ["u1", "u2", "u3", "u4"], ["i1", "i2", "i3", "i4"], [1, 3, 20, 2])
+    # the same users in another order; u3 gains, u1 loses
+    b = write(tmp_path / "b.csv", ["u4", "u3", "u2", "u1"], ["i4", "i3", "i2", "i1"], [2, 5, 3, 11])
+    (hr, ndcg, mrr) = paired_differences(read_ranks(a), read_ranks(b), (10,), bootstrap=200)
+    ndcg_a = [1.0, 1 / math.log2(4), 0.0, 1 / math.log2(3)]
+    ndcg_b = [0.0, 1 / math.log2(4), 1 / math.log2(6), 1 / math.log2(3)]  # u1, u2, u3, u4
+    diffs = [x - y for x, y in zip(ndcg_a, ndcg_b, strict=True)]
+    mean = sum(diffs) / 4
+    std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3)
+    assert ndcg.metric == "NDCG@10"
+    assert ndcg.mean_a == pytest.approx(sum(ndcg_a) / 4)
+    assert ndcg.difference == pytest.approx(mean)
+    assert ndcg.standard_error == pytest.approx(std / 2)
+    assert ndcg.ci_low <= mean <= ndcg.ci_high
+    assert hr.difference == pytest.approx(0.0)  # u1 leaves the top 10, u3 enters it
+    assert mrr.difference == pytest.approx((1.0 - 1 / 5) / 4)
+
+
+def test_identical_files_differ_by_exactly_zero(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.csv", ["1", "2", "3"], ["7", "8", "9"], [1, 4, 30])
+    for row in paired_differences(read_ranks(a), read_ranks(a), (5, 10), bootstrap=50):
+        assert row.difference == 0.0
+        assert (row.ci_low, row.ci_high, row.z) == (0.0, 0.0, 0.0)
+
+
+def test_files_of_different_users_or_targets_are_refused(tmp_path: Path) -> None:
+    a = read_ranks(write(tmp_path / "a.csv", ["1", "2"], ["7", "8"], [1, 2]))
+    other_users = read_ranks(write(tmp_path / "b.csv", ["1", "3"], ["7", "8"], [1, 2]))
+    other_targets = read_ranks(write(tmp_path / "c.csv", ["1", "2"], ["7", "9"], [1, 2]))
+    with pytest.raises(ValueError, match="different users"):
+        paired_differences(a, other_users)
+    with pytest.raises(ValueError, match="different targets"):
+        paired_differences(a, other_targets)
+
+
+def test_malformed_rank_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        read_ranks(tmp_path / "missing.csv")
+    (tmp_path / "cols.csv").write_text("user,rank\n1,2\n")
+    with pytest.raises(ValueError, match="lacks column"):
+        read_ranks(tmp_path / "cols.csv")
+    (tmp_path / "zero.csv").write_text("user_id,target,rank\n1,2,0\n")
+    with pytest.raises(ValueError, match=">= 1"):
+        read_ranks(tmp_path / "zero.csv")
+    (tmp_path / "twice.csv").write_text("user_id,target,rank\n1,2,1\n1,3,4\n")
+    with pytest.raises(ValueError, match="more than once"):
+        read_ranks(tmp_path / "twice.csv")
+
+
+def test_the_command_prints_json_and_fails_cleanly(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.csv", ["1", "2", "3"], ["7", "8", "9"], [1, 4, 30])
+    b = write(tmp_path / "b.csv", ["1", "2", "3"], ["7", "8", "9"], [2, 4, 3])
+    done = subprocess.run(
+        [SEQREC, "compare", a, b, "--k", "10", "--json"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {row["metric"]: row for row in json.loads(done.stdout)}
+    assert set(rows) == {"HR@10", "NDCG@10", "MRR@10"}
+    assert rows["HR@10"]["difference"] == pytest.approx(-1 / 3)
+    bad = subprocess.run(
+        [SEQREC, "compare", a, tmp_path / "none.csv"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr
+    assert "does not exist" in bad.stderr
