@@ -32,11 +32,6 @@ from seqrec.training.checkpoint import load_run
 from seqrec.training.run import data_for_run
 
 
-def newest_state(model: SASRec, input_ids: torch.Tensor) -> torch.Tensor:
-    hidden, _ = model.encode(input_ids, last_only=True)
-    return hidden[:, -1]
-
-
 def view_statistics(
     model: SASRec, batches: list[SeqBatch], temperature: float, similarity: str
 ) -> dict[str, float]:
@@ -45,8 +40,8 @@ def view_statistics(
         for batch in batches:
             assert batch.same_target_ids is not None
             assert batch.labels is not None
-            first = newest_state(model, batch.input_ids)
-            second = newest_state(model, batch.same_target_ids)
+            first = model.newest_state(batch.input_ids)
+            second = model.newest_state(batch.same_target_ids)
             loss = info_nce(
                 first,
                 second,
@@ -90,8 +85,9 @@ def main() -> None:
         temperature = getattr(config, "temperature", defaults.temperature)
         similarity = getattr(config, "similarity", defaults.similarity)
         data = data_for_run(run, args.data_dir)
-        needs = dataclasses.replace(model.batch_needs, same_target_sequences=True)
-        needs = dataclasses.replace(needs, prefix_examples=False)
+        needs = dataclasses.replace(
+            model.batch_needs, same_target_sequences=True, prefix_examples=False
+        )
         source = TrainBatches(
             sequences=data.split.train,
             users=data.split.train_users,

@@ -147,11 +147,6 @@ class DuoRec(SASRec):
     config_class = DuoRecConfig
     config: DuoRecConfig
 
-    def _newest_state(self, input_ids: Tensor) -> Tensor:
-        """(B, L) -> (B, D) hidden state at the newest position, with the current dropout."""
-        hidden, _ = self.encode(input_ids, last_only=True)
-        return hidden[:, -1]
-
     def _same_target_state(self, batch: SeqBatch) -> Tensor:
         """(B, D) the supervised view: the newest state of each row's same-target sequence."""
         if batch.same_target_ids is None:
@@ -159,7 +154,7 @@ class DuoRec(SASRec):
                 "DuoRec needs batch.same_target_ids (sequences with the same next item); "
                 "build training batches with the model's batch_needs"
             )
-        return self._newest_state(batch.same_target_ids)
+        return self.newest_state(batch.same_target_ids)
 
     def contrastive_loss(self, batch: SeqBatch, trained: Tensor) -> Tensor:
         """The configured InfoNCE term(s); ``trained`` (B, D) is the training pass's view."""
@@ -178,14 +173,14 @@ class DuoRec(SASRec):
             )
 
         if config.contrast == "un":
-            return nce(trained, self._newest_state(batch.input_ids))
+            return nce(trained, self.newest_state(batch.input_ids))
         if config.contrast == "su":
             return nce(trained, self._same_target_state(batch))
         if config.contrast == "us":
-            unsupervised = nce(trained, self._newest_state(batch.input_ids))
+            unsupervised = nce(trained, self.newest_state(batch.input_ids))
             return unsupervised + nce(trained, self._same_target_state(batch))
         # us_x, DuoRec proper: a fresh dropout view against the same-target view
-        return nce(self._newest_state(batch.input_ids), self._same_target_state(batch))
+        return nce(self.newest_state(batch.input_ids), self._same_target_state(batch))
 
     def forward(self, batch: SeqBatch) -> ModelOutput:
         if batch.labels is None:

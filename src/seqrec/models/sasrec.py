@@ -427,9 +427,14 @@ class SASRec(ScoringRecommender):
         loss = dot_product_loss(self.config, hidden, labels, batch, self.output_embedding())
         return ModelOutput(loss=loss, hidden=hidden)
 
-    def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+    def newest_state(self, input_ids: Tensor) -> Tensor:
+        """(B, L) -> (B, D) hidden state at the newest position (left padding puts it last),
+        with the current dropout; no user vector."""
         hidden, _ = self.encode(input_ids, last_only=True)
-        last = hidden[:, -1]  # (B, D); left padding puts the newest item last
+        return hidden[:, -1]
+
+    def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+        last = self.newest_state(input_ids)  # (B, D)
         user = self._user_vector(users)
         if user is not None:
             last = last + user
