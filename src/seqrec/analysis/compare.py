@@ -93,11 +93,15 @@ def aligned_ranks(a: pl.DataFrame, b: pl.DataFrame) -> tuple[torch.Tensor, torch
 
 
 def _bootstrap_means(
-    values: npt.NDArray[np.float64], samples: int, seed: int
+    differences: npt.NDArray[np.float64], samples: int, seed: int
 ) -> npt.NDArray[np.float64]:
+    """(M, U) per-user differences of M metrics -> (samples, M) means over resampled users;
+    every metric is averaged over the same resamples."""
     rng = np.random.default_rng(seed)
-    n = len(values)
-    return np.array([values[rng.integers(0, n, n)].mean() for _ in range(samples)])
+    users = differences.shape[1]
+    return np.stack(
+        [differences[:, rng.integers(0, users, users)].mean(axis=1) for _ in range(samples)]
+    )
 
 
 def paired_differences(
@@ -114,25 +118,26 @@ def paired_differences(
     ranks_a, ranks_b = aligned_ranks(a, b)
     if len(ranks_a) < 2:
         raise ValueError("a paired comparison needs at least two users")
+    cut_offs = [(name, k) for k in ks for name in ("HR", "NDCG", "MRR")]
+    per_a = np.stack([METRICS[name](ranks_a, k).numpy() for name, k in cut_offs])  # (M, U)
+    per_b = np.stack([METRICS[name](ranks_b, k).numpy() for name, k in cut_offs])
+    differences = per_a - per_b  # (M, U)
+    errors = differences.std(axis=1, ddof=1) / math.sqrt(differences.shape[1])
+    low, high = np.percentile(_bootstrap_means(differences, bootstrap, seed), [2.5, 97.5], axis=0)
     out = []
-    for k in ks:
-        for name in ("HR", "NDCG", "MRR"):
-            metric = METRICS[name]
-            per_a = metric(ranks_a, k).numpy()
-            per_b = metric(ranks_b, k).numpy()
-            diff = per_a - per_b
-            error = float(diff.std(ddof=1) / math.sqrt(len(diff)))
-            means = _bootstrap_means(diff, bootstrap, seed)
-            out.append(
-                PairedDifference(
-                    metric=f"{name}@{k}",
-                    mean_a=float(per_a.mean()),
-                    mean_b=float(per_b.mean()),
-                    difference=float(diff.mean()),
-                    standard_error=error,
-                    z=float(diff.mean() / error) if error > 0 else 0.0,
-                    ci_low=float(np.percentile(means, 2.5)),
-                    ci_high=float(np.percentile(means, 97.5)),
-                )
+    for m, (name, k) in enumerate(cut_offs):
+        mean = float(differences[m].mean())
+        error = float(errors[m])
+        out.append(
+            PairedDifference(
+                metric=f"{name}@{k}",
+                mean_a=float(per_a[m].mean()),
+                mean_b=float(per_b[m].mean()),
+                difference=mean,
+                standard_error=error,
+                z=mean / error if error > 0 else 0.0,
+                ci_low=float(low[m]),
+                ci_high=float(high[m]),
             )
+        )
     return out
