@@ -12,7 +12,6 @@ Rank files are what ``seqrec evaluate --export-ranks`` writes: ``user_id``, ``ta
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import numpy.typing as npt
 import polars as pl
 import torch
 
-from seqrec.metrics import METRICS
+from seqrec.metrics import METRICS, mean_and_ci
 
 RANK_COLUMNS = ("user_id", "target", "rank")
 
@@ -122,12 +121,10 @@ def paired_differences(
     per_a = np.stack([METRICS[name](ranks_a, k).numpy() for name, k in cut_offs])  # (M, U)
     per_b = np.stack([METRICS[name](ranks_b, k).numpy() for name, k in cut_offs])
     differences = per_a - per_b  # (M, U)
-    errors = differences.std(axis=1, ddof=1) / math.sqrt(differences.shape[1])
     low, high = np.percentile(_bootstrap_means(differences, bootstrap, seed), [2.5, 97.5], axis=0)
     out = []
     for m, (name, k) in enumerate(cut_offs):
-        mean = float(differences[m].mean())
-        error = float(errors[m])
+        mean, error = mean_and_ci(torch.from_numpy(differences[m]), z=1.0)  # z=1: standard error
         out.append(
             PairedDifference(
                 metric=f"{name}@{k}",
