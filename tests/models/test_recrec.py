@@ -150,8 +150,8 @@ def test_prefix_examples_read_only_their_past(batch: SeqBatch) -> None:
     changed = batch.input_ids.clone()
     changed[:, t + 1 :] = torch.randint(1, NUM_ITEMS + 1, changed[:, t + 1 :].shape)
     with torch.no_grad():
-        _, _, before = model.encode(batch.input_ids, newest_only=False)
-        _, _, after = model.encode(changed, newest_only=False)
+        before = model.encode(batch.input_ids, newest_only=False).interests
+        after = model.encode(changed, newest_only=False).interests
     real = (batch.input_ids != PAD_ID)[:, : t + 1]
     torch.testing.assert_close(before[:, : t + 1][real], after[:, : t + 1][real])
     assert not torch.allclose(before[:, -1], after[:, -1])
@@ -232,7 +232,7 @@ def test_depth_zero_scores_from_the_compressor_output(batch: SeqBatch) -> None:
 def test_the_objective_is_ce_plus_lambda_idr(batch: SeqBatch) -> None:
     model = make(idr_weight=0.3, compressor_dropout=0.0, dropout=0.0).train()
     loss = model(batch).loss
-    _, _, m = model.encode(batch.input_ids, newest_only=False)
+    m = model.encode(batch.input_ids, newest_only=False).interests  # every group, unpacked
     real = batch.labels != PAD_ID
     targets = batch.labels[real]
     ce = interest_ce_reference(m[real], model.items(), targets, 1.0)
@@ -267,6 +267,26 @@ def test_stage_2_freezes_backbone_and_compressor(batch: SeqBatch) -> None:
     )
 
 
+def test_packed_groups_reason_as_the_full_grid(batch: SeqBatch) -> None:
+    """Training computes only the labelled groups; their states, at every depth, and the
+    deep-supervision loss are those of the same groups in the (B, G) grid."""
+    model = randomise_reasoner(make(**STAGE_2, compressor_dropout=0.0)).train()
+    real = batch.labels != PAD_ID
+    assert not real.all()  # the batch has padded positions to leave out
+    with torch.no_grad():
+        grid = model.encode(batch.input_ids, newest_only=False)
+        packed = model.encode(batch.input_ids, newest_only=False, groups=real)
+        assert packed.interests.shape[:2] == (int(real.sum()), 1)
+        grid_states = [grid.interests, *model.reason(grid, 4)]
+        packed_states = [packed.interests, *model.reason(packed, 4)]
+        for on_grid, on_packed in zip(grid_states, packed_states, strict=True):
+            torch.testing.assert_close(on_packed[:, 0], on_grid[real])
+        loss = model(batch).loss  # K = 2 rounds of T = 2 steps: the states at depths 2 and 4
+    targets = batch.labels[real]
+    rounds = [model.objective(grid_states[n][real], targets)[0] for n in (2, 4)]
+    torch.testing.assert_close(loss, torch.stack(rounds).mean())
+
+
 def test_stage_2_keeps_compressor_dropout_on_and_the_backbone_deterministic(
     batch: SeqBatch,
 ) -> None:
@@ -274,10 +294,10 @@ def test_stage_2_keeps_compressor_dropout_on_and_the_backbone_deterministic(
     assert model.compressor.training
     assert not model.backbone.training
     with torch.no_grad():
-        h1, _, m1 = model.encode(batch.input_ids, newest_only=True)
-        h2, _, m2 = model.encode(batch.input_ids, newest_only=True)
-    torch.testing.assert_close(h1, h2)  # backbone: eval mode
-    assert not torch.allclose(m1, m2)  # compressor: dropout draws
+        first = model.encode(batch.input_ids, newest_only=True)
+        second = model.encode(batch.input_ids, newest_only=True)
+    torch.testing.assert_close(first.hidden, second.hidden)  # backbone: eval mode
+    assert not torch.allclose(first.interests, second.interests)  # compressor: dropout draws
     assert make(compressor_dropout=0.5, dropout=0.5).train().backbone.training  # stage 1
 
 

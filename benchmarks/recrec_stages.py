@@ -1,0 +1,106 @@
+"""RecRec's training cost per stage: stage 1 (backbone + compressor, CE + IDR) against
+stage 2 (the reasoner under deep supervision, K x T steps), timed on the same optimizer steps.
+
+The issue's target is a stage-2 epoch at most 3x a stage-1 epoch. Both stages train the first
+``--steps`` optimizer steps of epoch 1 (random batches of the shipped configs, each trained
+in ``--parts`` length-sorted parts, as the README's runs), after ``--warmup`` untimed steps;
+stage 2 starts from the stage-1 model's weights. Seconds per step are projected to an epoch.
+
+    .venv/bin/python benchmarks/recrec_stages.py --data-dir ../shared/data
+    .venv/bin/python benchmarks/recrec_stages.py --datasets beauty ml-1m --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqrec.config import experiment_from_raw, load_raw
+from seqrec.data.prepare import prepare
+from seqrec.models import build_model, build_model_config
+from seqrec.models.base import SequentialRecommender
+from seqrec.training.loop import Trainer, epoch_seeds, train_one_epoch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def time_steps(
+    model: SequentialRecommender, raw: dict[str, Any], data: Any, steps: int, warmup: int
+) -> tuple[float, int, int]:
+    """(seconds per timed step, steps per epoch, targets in the timed steps)."""
+    config = experiment_from_raw({**raw, "train": {**raw["train"], "init_from": None}})
+    trainer = Trainer(model, data, config)
+    rng, seed = epoch_seeds(config.train.seed, 1)
+    torch.manual_seed(seed)
+    batches = trainer.batches.steps(rng)
+    device = trainer.device
+    train_one_epoch(model, itertools.islice(batches, warmup), trainer.optimizer, device=device)
+    timed = list(itertools.islice(batches, steps))
+    stats = train_one_epoch(model, timed, trainer.optimizer, device=device)
+    return stats.seconds / len(timed), len(trainer.batches), stats.targets
+
+
+def measure(
+    dataset: str, data_dir: str | None, steps: int, warmup: int, parts: int
+) -> dict[str, Any]:
+    raws = {
+        stage: load_raw(
+            REPO / "configs" / f"{dataset}_recrec-stage{stage}.yaml",
+            [f"train.batch_parts={parts}", "train.progress=false", "train.device=cpu"],
+        )
+        for stage in (1, 2)
+    }
+    data = None
+    row: dict[str, Any] = {"dataset": dataset, "threads": torch.get_num_threads(), "parts": parts}
+    stage_1_weights = None
+    for stage, raw in raws.items():
+        if data is None:
+            data = prepare(experiment_from_raw(raw).data, data_dir)
+        torch.manual_seed(0)
+        model = build_model(build_model_config(raw["model"], num_items=data.num_items))
+        if stage_1_weights is not None:
+            missing = model.load_state_dict(stage_1_weights, strict=False).missing_keys
+            assert all(key.startswith(("reasoner.", "gate.", "s0")) for key in missing), missing
+        per_step, steps_per_epoch, targets = time_steps(model, raw, data, steps, warmup)
+        stage_1_weights = model.state_dict()
+        row[f"stage{stage}_step_seconds"] = round(per_step, 3)
+        row[f"stage{stage}_epoch_seconds"] = round(per_step * steps_per_epoch, 1)
+        row["steps_per_epoch"] = steps_per_epoch
+        row["timed_targets"] = targets
+    row["ratio"] = round(row["stage2_step_seconds"] / row["stage1_step_seconds"], 2)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=["beauty"], choices=["beauty", "ml-1m"])
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per stage")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--parts", type=int, default=8, help="train.batch_parts")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    rows = [
+        measure(dataset, args.data_dir, args.steps, args.warmup, args.parts)
+        for dataset in args.datasets
+    ]
+    print("| dataset | threads | stage 1 s/epoch | stage 2 s/epoch | stage 2 / stage 1 |")
+    print("|---|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['dataset']} | {row['threads']} | {row['stage1_epoch_seconds']:.0f} "
+            f"| {row['stage2_epoch_seconds']:.0f} | {row['ratio']:.2f} |"
+        )
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
