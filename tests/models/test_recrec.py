@@ -229,7 +229,11 @@ def test_depth_zero_scores_from_the_compressor_output(batch: SeqBatch) -> None:
         assert not torch.allclose(model.score(batch.input_ids), expected)
 
 
-def test_the_objective_is_ce_plus_lambda_idr(batch: SeqBatch) -> None:
+@pytest.mark.parametrize("pack_below", [0.0, 2.0], ids=["grid", "packed"])
+def test_the_objective_is_ce_plus_lambda_idr(
+    batch: SeqBatch, pack_below: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recrec, "PACK_BELOW", pack_below)
     model = make(idr_weight=0.3, compressor_dropout=0.0, dropout=0.0).train()
     loss = model(batch).loss
     m = model.encode(batch.input_ids, newest_only=False).interests  # every group, unpacked
@@ -267,9 +271,13 @@ def test_stage_2_freezes_backbone_and_compressor(batch: SeqBatch) -> None:
     )
 
 
-def test_packed_groups_reason_as_the_full_grid(batch: SeqBatch) -> None:
-    """Training computes only the labelled groups; their states, at every depth, and the
+@pytest.mark.parametrize("pack_below", [0.0, 2.0], ids=["grid", "packed"])
+def test_packed_groups_reason_as_the_full_grid(
+    batch: SeqBatch, pack_below: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed, only the labelled groups are computed; their states, at every depth, and the
     deep-supervision loss are those of the same groups in the (B, G) grid."""
+    monkeypatch.setattr(recrec, "PACK_BELOW", pack_below)  # training packs every part, or none
     model = randomise_reasoner(make(**STAGE_2, compressor_dropout=0.0)).train()
     real = batch.labels != PAD_ID
     assert not real.all()  # the batch has padded positions to leave out
