@@ -215,12 +215,6 @@ class RecRecConfig(ModelConfig):
 
 # ------------------------------------------------------------------------------ losses
 SCORE_BLOCK = 1 << 20  # logits per block of interest_scores: 4 MiB, about a core's cache
-# A part of a batch whose (B, G) grid is less than this fraction labelled trains on its
-# groups packed. Packing skips the padded groups but copies H's keys to every group, which
-# costs more the longer the histories: on one thread, 8 parts per batch, packing every part
-# made Beauty (n = 50, 61% labelled) 12% (stage 1) and 21% (stage 2) faster, and ML-1M
-# (n = 200, 91% labelled) 1.7x and 1.2x slower.
-PACK_BELOW = 0.65
 CE_ROWS = 128  # (position, interest) rows of logits per chunk of interest_ce
 
 
@@ -323,8 +317,8 @@ class _FusedInterestCE(torch.autograd.Function):
 def interest_ce(interests: Tensor, items: Tensor, targets: Tensor, temperature: float) -> Tensor:
     """Same value and gradients as ``interest_ce_reference``, 128 (position, interest) rows
     of N logits at a time: a few MB, so the passes over them (max, exp, sum, divide) mostly
-    hit the cache. On one CPU thread with Beauty's 12,101 items this was 15-30% faster than
-    1,024 rows (``benchmarks/recrec_stages.py`` times the training steps)."""
+    hit the cache. On one CPU thread with Beauty's 12,101 items, training steps were 11%
+    (stage 1) and 16% (stage 2) faster than with 1,024 rows."""
     chunk = max(1, CE_ROWS // interests.size(1))
     loss: Tensor = _FusedInterestCE.apply(  # type: ignore[no-untyped-call]
         interests.float(), items.float(), targets.long(), temperature, chunk
@@ -373,6 +367,14 @@ def select_rows(keys: KeysValues, rows: Tensor | None) -> KeysValues:
     if rows is None:
         return keys
     return keys[0].index_select(0, rows), keys[1].index_select(0, rows)
+
+
+# A part of a batch whose (B, G) grid is less than this fraction labelled trains on its
+# groups packed. Packing skips the padded groups but copies H's keys to every group, which
+# costs more the longer the histories: on one thread, 8 parts per batch, packing every part
+# made Beauty (n = 50, 61% labelled) 12% (stage 1) and 21% (stage 2) faster, and ML-1M
+# (n = 200, 91% labelled) 1.7x and 1.2x slower.
+PACK_BELOW = 0.65
 
 
 @dataclass(frozen=True)
@@ -639,7 +641,7 @@ class RecRec(ScoringRecommender):
         mask = prefix_mask(input_ids != PAD_ID, newest_only)
         rows = None
         if groups is not None:
-            rows, positions = groups.nonzero(as_tuple=True)  # row-major, as groups[real]
+            rows, positions = groups.nonzero(as_tuple=True)  # row-major, as labels[groups]
             mask = mask[rows, positions].unsqueeze(1)
         return Encoded(hidden, mask, rows, self.compressor(hidden, mask, rows))
 
