@@ -22,6 +22,7 @@ import torch
 
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.prepare import prepare
+from seqrec.data.sequences import PreparedData
 from seqrec.models import build_model, build_model_config
 from seqrec.models.base import SequentialRecommender
 from seqrec.training.loop import Trainer, epoch_seeds, train_one_epoch
@@ -30,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def time_steps(
-    model: SequentialRecommender, raw: dict[str, Any], data: Any, steps: int, warmup: int
+    model: SequentialRecommender, raw: dict[str, Any], data: PreparedData, steps: int, warmup: int
 ) -> tuple[float, int, int]:
     """(seconds per timed step, steps per epoch, targets in the timed steps)."""
     config = experiment_from_raw({**raw, "train": {**raw["train"], "init_from": None}})
@@ -55,12 +56,10 @@ def measure(
         )
         for stage in (1, 2)
     }
-    data = None
+    data = prepare(experiment_from_raw(raws[1]).data, data_dir)  # the stages share their data
     row: dict[str, Any] = {"dataset": dataset, "threads": torch.get_num_threads(), "parts": parts}
     stage_1_weights = None
     for stage, raw in raws.items():
-        if data is None:
-            data = prepare(experiment_from_raw(raw).data, data_dir)
         torch.manual_seed(0)
         model = build_model(build_model_config(raw["model"], num_items=data.num_items))
         if stage_1_weights is not None:
