@@ -14,6 +14,7 @@ from seqrec.config import ConfigError, TrainConfig
 from seqrec.models import build_model, build_model_config, recrec
 from seqrec.models.base import with_inference_settings
 from seqrec.models.recrec import (
+    Reads,
     RecRec,
     interest_ce,
     interest_ce_reference,
@@ -69,12 +70,12 @@ def test_reasoner_is_the_identity_at_init() -> None:
     reasoner = model.reasoner
     assert reasoner is not None
     x, context, hidden = torch.randn(2, 3, 3, 18), torch.randn(2, 3, 3, 18), torch.randn(2, 5, 18)
-    mask = prefix_mask(torch.ones(2, 5, dtype=torch.bool), newest_only=False)[:, :3]
+    reads = Reads.of(prefix_mask(torch.ones(2, 5, dtype=torch.bool), newest_only=False)[:, :3])
     own, shared = reasoner.context(context), reasoner.context(hidden)
-    torch.testing.assert_close(reasoner(x, own, shared, mask), x, rtol=0, atol=0)
+    torch.testing.assert_close(reasoner(x, own, shared, reads), x, rtol=0, atol=0)
     torch.testing.assert_close(reasoner(x, own), x, rtol=0, atol=0)
     randomise_reasoner(model)
-    assert not torch.allclose(reasoner(x, own, shared, mask), x)
+    assert not torch.allclose(reasoner(x, own, shared, reads), x)
 
 
 def test_s0_is_a_fixed_truncated_normal_buffer_not_a_parameter() -> None:
@@ -165,6 +166,46 @@ def test_prefix_mask() -> None:
     ]  # a padded group reads only itself (never fully masked; discarded later)
 
 
+def test_reads_blocks_span_only_the_positions_their_groups_read() -> None:
+    real = torch.tensor(
+        [[False, False, True, True, True, True], [False, False, False, True, True, True]]
+    )
+    reads = Reads.of(prefix_mask(real, newest_only=False), block=2)
+    # groups 0-1 read only themselves (padding); 2-3 read 2..3; 4-5 read 2..5 (row 0)
+    assert reads.blocks == (
+        (slice(0, 2), slice(0, 2)),
+        (slice(2, 4), slice(2, 4)),
+        (slice(4, 6), slice(2, 6)),
+    )
+    newest = Reads.of(prefix_mask(real, newest_only=True))
+    assert newest.blocks == ((slice(0, 32), slice(2, 6)),)
+
+
+@pytest.mark.parametrize("with_own_keys", [True, False])
+def test_attention_in_blocks_equals_attention_over_every_position(with_own_keys: bool) -> None:
+    torch.manual_seed(0)
+    B, L, R, D, C = 3, 11, 4, 8, 5
+    attention = recrec.GroupAttention(D, num_heads=2, bias=True)
+    real = torch.arange(L).expand(B, L) >= torch.tensor([[0], [4], [9]])  # left padding
+    mask = prefix_mask(real, newest_only=False)
+    x = torch.randn(B, L, R, D, requires_grad=True)
+    hidden = torch.randn(B, L, D, requires_grad=True)
+    context = torch.randn(B, L, C, D)
+    whole = Reads(mask, ((slice(0, L), slice(0, L)),))
+    blocked = Reads.of(mask, block=3)
+    assert len(blocked.blocks) == 4
+    assert blocked.blocks[0][1] == slice(0, 3)
+
+    def attend(reads: Reads) -> tuple[Tensor, ...]:
+        own = attention.keys(context) if with_own_keys else None
+        out = attention(x, own, attention.keys(hidden), reads)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        return (out, *torch.autograd.grad((out * weights).sum(), [x, hidden]))
+
+    for got, expected in zip(attend(blocked), attend(whole), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------ scoring and losses
 def test_log_mean_exp_scoring_by_hand() -> None:
     interests = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])  # (1, R=2, D=2)
@@ -220,8 +261,8 @@ def test_depth_zero_scores_from_the_compressor_output(batch: SeqBatch) -> None:
     model = randomise_reasoner(make(**STAGE_2)).eval()
     with torch.no_grad():
         hidden, _ = model.backbone.encode(batch.input_ids)
-        mask = prefix_mask(batch.input_ids != PAD_ID, newest_only=True)
-        m0 = model.compressor(hidden, mask)[:, 0]
+        reads = Reads.of(prefix_mask(batch.input_ids != PAD_ID, newest_only=True))
+        m0 = model.compressor(hidden, reads)[:, 0]
         expected = interest_scores(m0, model.backbone.output_embedding(), 1.0)
         model.config = with_inference_settings(model.config, {"depth": 0})
         torch.testing.assert_close(model.score(batch.input_ids), expected)

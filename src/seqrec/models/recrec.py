@@ -359,6 +359,47 @@ def prefix_mask(real: Tensor, newest_only: bool) -> Tensor:
 KeysValues = tuple[Tensor, Tensor]  # keys and values, (B, H, ..., T, D / H) each
 
 
+# Groups per block of Reads. On ML-1M stage 2 (one thread) 32 and 64 timed the same; 32
+# skips more of the causal future.
+GROUP_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Which positions of H each group reads: ``mask`` (B, G, L), or (P, 1, L) for packed
+    groups, and the groups in blocks, each with the span of positions that some group of
+    the block reads in some row.
+
+    Groups never read each other, so the compressor and the reasoning step run block by
+    block, and attention over H scores a block only inside its span. That skips the future
+    positions of a causal backbone's earlier prefixes and the left padding shared by a batch
+    part: on ML-1M (n = 200, 7 blocks of 32 prefixes) 42% of the scores of a fully labelled
+    part. Built once per batch (one synchronisation)."""
+
+    mask: Tensor
+    blocks: tuple[tuple[slice, slice], ...]  # (groups, positions)
+
+    @classmethod
+    def of(cls, mask: Tensor, block: int = GROUP_BLOCK) -> Reads:
+        G, L = mask.shape[1:]
+        readable = mask.any(dim=0)  # (G, L): read by group g of some row
+        starts = range(0, G, block)
+        spans = torch.stack([readable[start : start + block].any(dim=0) for start in starts])
+        first = spans.int().argmax(dim=1)  # every group reads at least its own position
+        end = L - spans.flip(1).int().argmax(dim=1)
+        return cls(
+            mask,
+            tuple(
+                (slice(start, start + block), slice(lo, hi))
+                for start, lo, hi in zip(starts, first.tolist(), end.tolist(), strict=True)
+            ),
+        )
+
+    def block(self, groups: slice, span: slice) -> Reads:
+        """The reads of one block's groups, as one block."""
+        return Reads(self.mask[:, groups], ((slice(None), span),))
+
+
 def select_rows(keys: KeysValues, rows: Tensor | None) -> KeysValues:
     """Keys of H for packed groups: (B, H, L, d) each -> (P, H, L, d), the row of each group.
 
@@ -386,7 +427,7 @@ class Encoded:
     Training packs them when much of the grid is padding (``PACK_BELOW``)."""
 
     hidden: Tensor  # H, (B, L, D)
-    mask: Tensor  # (B, G, L) or (P, 1, L): the positions of its row of H a group reads
+    reads: Reads  # which positions of its row of H each group reads
     rows: Tensor | None  # (P,) when packed, else None
     interests: Tensor  # M_0, (B, G, R, D) or (P, 1, R, D)
 
@@ -398,7 +439,7 @@ class Encoded:
 class GroupAttention(nn.Module):
     """Multi-head attention of (B, G, R, D) queries over the union of two key sets: keys of
     their own group (B, H, G, C, d), and keys shared by all groups of a row (B, H, L, d),
-    each group reading the shared positions its (B, G, L) mask allows. One softmax runs over
+    each group reading the shared positions that ``reads`` allows. One softmax runs over
     both sets; keys are projected by ``keys`` so that callers can reuse them."""
 
     def __init__(self, D: int, num_heads: int, bias: bool) -> None:
@@ -418,29 +459,49 @@ class GroupAttention(nn.Module):
         x: Tensor,
         own: KeysValues | None,
         shared: KeysValues | None = None,
-        mask: Tensor | None = None,
+        reads: Reads | None = None,
     ) -> Tensor:
         B, G, R, D = x.shape
         H = self.num_heads
         q = self.q(x).view(B, G, R, H, D // H).movedim(3, 1) / math.sqrt(D // H)  # (B, H, G, R, d)
-        scores = []
-        if own is not None:
-            scores.append(q @ own[0].transpose(-1, -2))  # (B, H, G, R, C)
-        if shared is not None:
-            assert mask is not None
-            s = q.reshape(B, H, G * R, -1) @ shared[0].transpose(-1, -2)  # (B, H, G * R, L)
-            s = s.view(B, H, G, R, -1).masked_fill(~mask[:, None, :, None, :], float("-inf"))
-            scores.append(s)
-        weights = torch.cat(scores, dim=-1).softmax(dim=-1)
-        out = x.new_zeros(B, H, G, R, D // H)
-        if own is not None:
-            C = own[1].size(-2)
-            out = out + weights[..., :C] @ own[1]
-            weights = weights[..., C:]
-        if shared is not None:
-            rows = weights.reshape(B, H, G * R, -1) @ shared[1]  # (B, H, G * R, d)
-            out = out + rows.view(B, H, G, R, -1)
+        if shared is None:
+            assert own is not None
+            out = q @ own[0].transpose(-1, -2)  # (B, H, G, R, C)
+            out = out.softmax(dim=-1) @ own[1]
+        else:
+            assert reads is not None
+            blocks = [
+                self._block(q[:, :, groups], own, shared, reads, groups, span)
+                for groups, span in reads.blocks
+            ]
+            out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
         return self.proj(out.movedim(1, 3).reshape(B, G, R, D))
+
+    @staticmethod
+    def _block(
+        q: Tensor,
+        own: KeysValues | None,
+        shared: KeysValues,
+        reads: Reads,
+        groups: slice,
+        span: slice,
+    ) -> Tensor:
+        """The attention of the queries (B, H, g, R, d) of a block of groups, over their own
+        keys and the shared positions ``span``, outside which they read nothing."""
+        B, H, g, R, d = q.shape
+        keys, values = shared[0][:, :, span], shared[1][:, :, span]
+        s = q.reshape(B, H, g * R, d) @ keys.transpose(-1, -2)  # (B, H, g * R, l)
+        s = s.view(B, H, g, R, -1)
+        s.masked_fill_(~reads.mask[:, None, groups, None, span], float("-inf"))
+        if own is None:
+            weights = s.softmax(dim=-1)
+            return (weights.view(B, H, g * R, -1) @ values).view(B, H, g, R, d)
+        own_keys, own_values = own[0][:, :, groups], own[1][:, :, groups]
+        C = own_keys.size(-2)
+        scores = torch.cat([q @ own_keys.transpose(-1, -2), s], dim=-1)  # (B, H, g, R, C + l)
+        to_own, to_shared = scores.softmax(dim=-1).split_with_sizes([C, s.size(-1)], dim=-1)
+        from_shared = to_shared.reshape(B, H, g * R, -1) @ values
+        return to_own @ own_values + from_shared.view(B, H, g, R, d)
 
 
 class CompressorLayer(nn.Module):
@@ -458,9 +519,9 @@ class CompressorLayer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(D, inner), nn.GELU(), nn.Linear(inner, D))
         self.dropout = Dropout(config.compressor_dropout)
 
-    def forward(self, z: Tensor, h_bar: Tensor, mask: Tensor, rows: Tensor | None) -> Tensor:
-        keys = select_rows(self.crossattn.keys(h_bar), rows)
-        attended = self.crossattn(self.ln_crossattn(z), None, keys, mask)
+    def forward(self, z: Tensor, keys: KeysValues, reads: Reads) -> Tensor:
+        """z: (B, G, R, D); keys: the cross-attention's keys of H_bar (``crossattn.keys``)."""
+        attended = self.crossattn(self.ln_crossattn(z), None, keys, reads)
         z = z + self.dropout(attended)
         y = self.ln_selfattn(z)
         # among the R interests of a group: no positions, no mask
@@ -470,7 +531,10 @@ class CompressorLayer(nn.Module):
 
 class ContextCompressor(nn.Module):
     """R learned queries read H (Perceiver-style): (B, L, D), (B, G, L) -> M_0 (B, G, R, D),
-    or with ``rows`` (P,) the packed groups (P, 1, L) -> (P, 1, R, D)."""
+    or with ``rows`` (P,) the packed groups (P, 1, L) -> (P, 1, R, D).
+
+    Groups never read each other, so they run block by block of ``reads``, each block's
+    activations staying in cache; H's keys are projected once per layer for all blocks."""
 
     def __init__(self, config: RecRecConfig) -> None:
         super().__init__()
@@ -480,13 +544,18 @@ class ContextCompressor(nn.Module):
             CompressorLayer(config) for _ in range(config.compressor_layers)
         )
 
-    def forward(self, hidden: Tensor, mask: Tensor, rows: Tensor | None = None) -> Tensor:
+    def forward(self, hidden: Tensor, reads: Reads, rows: Tensor | None = None) -> Tensor:
         h_bar = self.ln_input(hidden)  # computed once, shared by every layer
-        B, G, _ = mask.shape
-        z = self.queries.expand(B, G, *self.queries.shape)
-        for layer in self.layers:
-            z = layer(z, h_bar, mask, rows)
-        return z
+        layers = cast(list[CompressorLayer], list(self.layers))
+        keys = [select_rows(layer.crossattn.keys(h_bar), rows) for layer in layers]
+        blocks = []
+        for groups, span in reads.blocks:
+            block = reads.block(groups, span)
+            z = self.queries.expand(*block.mask.shape[:2], *self.queries.shape)
+            for layer, layer_keys in zip(layers, keys, strict=True):
+                z = layer(z, layer_keys, block)
+            blocks.append(z)
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
 
 
 class SwiGLU(nn.Module):
@@ -530,13 +599,13 @@ class Reasoner(nn.Module):
         x: Tensor,
         context: KeysValues,
         shared: KeysValues | None = None,
-        mask: Tensor | None = None,
+        reads: Reads | None = None,
     ) -> Tensor:
         """x: (B, G, R, D); context: own-group keys (``context``); shared: H's keys."""
         query = self.ln_q(x)
         k, v = self.attn.keys(query)
         own = torch.cat([k, context[0]], dim=-2), torch.cat([v, context[1]], dim=-2)
-        x = x + self.attn(query, own, shared, mask)  # keys: [LN_q(X); LN_kv(C)]
+        x = x + self.attn(query, own, shared, reads)  # keys: [LN_q(X); LN_kv(C)]
         return x + self.ffn(self.ln_ffn(x))
 
 
@@ -643,17 +712,32 @@ class RecRec(ScoringRecommender):
         if groups is not None:
             rows, positions = groups.nonzero(as_tuple=True)  # row-major, as labels[groups]
             mask = mask[rows, positions].unsqueeze(1)
-        return Encoded(hidden, mask, rows, self.compressor(hidden, mask, rows))
+        reads = Reads.of(mask)
+        return Encoded(hidden, reads, rows, self.compressor(hidden, reads, rows))
 
-    def step(self, s: Tensor, m: Tensor, shared: KeysValues, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def step(self, s: Tensor, m: Tensor, shared: KeysValues, reads: Reads) -> tuple[Tensor, Tensor]:
         """One reasoning step on (B, G, R, D) states (``shared``: H's keys for each of the B
         rows or packed groups): n scratchpad updates with M fixed, then the interests are
-        updated from the scratchpad."""
+        updated from the scratchpad.
+
+        Groups never read each other, so the step runs block by block of ``reads``: each
+        block's activations stay in cache through the updates."""
+        if len(reads.blocks) == 1:
+            return self._step(s, m, shared, reads)
+        stepped = [
+            self._step(s[:, groups], m[:, groups], shared, reads.block(groups, span))
+            for groups, span in reads.blocks
+        ]
+        return torch.cat([s for s, _ in stepped], dim=1), torch.cat([m for _, m in stepped], dim=1)
+
+    def _step(
+        self, s: Tensor, m: Tensor, shared: KeysValues, reads: Reads
+    ) -> tuple[Tensor, Tensor]:
         reasoner = self.reasoner
         assert reasoner is not None
         fixed = reasoner.context(m)  # M is fixed during the scratchpad updates
         for _ in range(self.config.inner_steps):
-            s = reasoner(s, fixed, shared, mask)  # S <- Reasoner(S, [H; M])
+            s = reasoner(s, fixed, shared, reads)  # S <- Reasoner(S, [H; M])
         update = reasoner(m, reasoner.context(s))  # M_hat = Reasoner(M, S)
         return s, update if self.gate is None else self.gate(update, m)
 
@@ -667,7 +751,7 @@ class RecRec(ScoringRecommender):
         m = encoded.interests
         s = self.s0.expand_as(m)
         for _ in range(depth):
-            s, m = self.step(s, m, shared, encoded.mask)
+            s, m = self.step(s, m, shared, encoded.reads)
             yield m
 
     def interests(self, input_ids: Tensor, depth: int | None = None) -> Tensor:
@@ -739,14 +823,14 @@ class RecRec(ScoringRecommender):
         assert self.s0 is not None
         # H's keys depend on the reasoner: they keep their gradient
         shared = select_rows(self.reasoner.context(encoded.hidden), encoded.rows)
-        mask, m = encoded.mask, encoded.interests
+        reads, m = encoded.reads, encoded.interests
         s = self.s0.expand_as(m)
         losses = []
         for _ in range(self.config.rounds):
             with torch.no_grad():
                 for _ in range(self.config.steps_per_round - 1):
-                    s, m = self.step(s, m, shared, mask)
-            s, m = self.step(s, m, shared, mask)
+                    s, m = self.step(s, m, shared, reads)
+            s, m = self.step(s, m, shared, reads)
             losses.append(self.objective(encoded.examples(m, real), targets)[0])
             s, m = s.detach(), m.detach()
         return losses
