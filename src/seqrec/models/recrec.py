@@ -395,9 +395,15 @@ class Reads:
             ),
         )
 
-    def block(self, groups: slice, span: slice) -> Reads:
-        """The reads of one block's groups, as one block."""
-        return Reads(self.mask[:, groups], ((slice(None), span),))
+    def split(self) -> Iterator[tuple[slice, Reads]]:
+        """Each block's groups, and their reads as a single block."""
+        for groups, span in self.blocks:
+            yield groups, Reads(self.mask[:, groups], ((slice(None), span),))
+
+
+def concat(blocks: list[Tensor], dim: int) -> Tensor:
+    """Blocks of groups put back together (a single block as it is, without a copy)."""
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=dim)
 
 
 def select_rows(keys: KeysValues, rows: Tensor | None) -> KeysValues:
@@ -470,33 +476,34 @@ class GroupAttention(nn.Module):
             out = out.softmax(dim=-1) @ own[1]
         else:
             assert reads is not None
-            blocks = [
-                self._block(q[:, :, groups], own, shared, reads, groups, span)
-                for groups, span in reads.blocks
-            ]
-            out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
+            out = concat(
+                [
+                    self._block(
+                        q[:, :, groups],
+                        None if own is None else (own[0][:, :, groups], own[1][:, :, groups]),
+                        shared,
+                        block,
+                    )
+                    for groups, block in reads.split()
+                ],
+                dim=2,
+            )
         return self.proj(out.movedim(1, 3).reshape(B, G, R, D))
 
     @staticmethod
-    def _block(
-        q: Tensor,
-        own: KeysValues | None,
-        shared: KeysValues,
-        reads: Reads,
-        groups: slice,
-        span: slice,
-    ) -> Tensor:
-        """The attention of the queries (B, H, g, R, d) of a block of groups, over their own
-        keys and the shared positions ``span``, outside which they read nothing."""
+    def _block(q: Tensor, own: KeysValues | None, shared: KeysValues, block: Reads) -> Tensor:
+        """The attention of the queries (B, H, g, R, d) of one block of groups over their own
+        keys and the shared positions of the block's span, outside which they read nothing."""
         B, H, g, R, d = q.shape
+        ((_, span),) = block.blocks
         keys, values = shared[0][:, :, span], shared[1][:, :, span]
         s = q.reshape(B, H, g * R, d) @ keys.transpose(-1, -2)  # (B, H, g * R, l)
         s = s.view(B, H, g, R, -1)
-        s.masked_fill_(~reads.mask[:, None, groups, None, span], float("-inf"))
+        s.masked_fill_(~block.mask[:, None, :, None, span], float("-inf"))
         if own is None:
             weights = s.softmax(dim=-1)
             return (weights.view(B, H, g * R, -1) @ values).view(B, H, g, R, d)
-        own_keys, own_values = own[0][:, :, groups], own[1][:, :, groups]
+        own_keys, own_values = own
         C = own_keys.size(-2)
         scores = torch.cat([q @ own_keys.transpose(-1, -2), s], dim=-1)  # (B, H, g, R, C + l)
         to_own, to_shared = scores.softmax(dim=-1).split_with_sizes([C, s.size(-1)], dim=-1)
@@ -549,13 +556,12 @@ class ContextCompressor(nn.Module):
         layers = cast(list[CompressorLayer], list(self.layers))
         keys = [select_rows(layer.crossattn.keys(h_bar), rows) for layer in layers]
         blocks = []
-        for groups, span in reads.blocks:
-            block = reads.block(groups, span)
+        for _, block in reads.split():
             z = self.queries.expand(*block.mask.shape[:2], *self.queries.shape)
             for layer, layer_keys in zip(layers, keys, strict=True):
                 z = layer(z, layer_keys, block)
             blocks.append(z)
-        return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+        return concat(blocks, dim=1)
 
 
 class SwiGLU(nn.Module):
@@ -722,13 +728,10 @@ class RecRec(ScoringRecommender):
 
         Groups never read each other, so the step runs block by block of ``reads``: each
         block's activations stay in cache through the updates."""
-        if len(reads.blocks) == 1:
-            return self._step(s, m, shared, reads)
         stepped = [
-            self._step(s[:, groups], m[:, groups], shared, reads.block(groups, span))
-            for groups, span in reads.blocks
+            self._step(s[:, groups], m[:, groups], shared, block) for groups, block in reads.split()
         ]
-        return torch.cat([s for s, _ in stepped], dim=1), torch.cat([m for _, m in stepped], dim=1)
+        return concat([s for s, _ in stepped], dim=1), concat([m for _, m in stepped], dim=1)
 
     def _step(
         self, s: Tensor, m: Tensor, shared: KeysValues, reads: Reads
