@@ -359,8 +359,8 @@ def prefix_mask(real: Tensor, newest_only: bool) -> Tensor:
 KeysValues = tuple[Tensor, Tensor]  # keys and values, (B, H, ..., T, D / H) each
 
 
-# Groups per block of Reads. On ML-1M stage 2 (one thread) 32 and 64 timed the same; 32
-# skips more of the causal future.
+# Groups per block of Reads. 32 and 64 timed alike on one ML-1M stage-2 batch part (one
+# thread, an ad-hoc profile); 32 skips more of the causal future.
 GROUP_BLOCK = 32
 
 
