@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import dropout, keep_mask
-from seqrec.nn.masks import attention_mask
+from seqrec.nn.masks import attention_bias, attention_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])
@@ -79,3 +79,26 @@ def test_no_query_row_is_fully_masked() -> None:
     real = torch.tensor([[False, False, True], [False, False, False]])
     mask = attention_mask(real, causal=True)
     assert mask.any(dim=-1).all()
+
+
+def test_dropout_is_the_masked_scale_of_its_own_draws() -> None:
+    x = torch.randn(37, 61)
+    torch.manual_seed(2)
+    y = dropout(x, 0.3, training=True)
+    torch.manual_seed(2)
+    keep = keep_mask(x.shape, 0.3, x.device)
+    torch.testing.assert_close(y, torch.where(keep, x / (1 - 19661 / 65536), 0.0))
+
+
+def test_attention_takes_the_additive_mask_with_the_same_result() -> None:
+    q, k, v, mask = _qkv(2)
+    bias = attention_bias(mask, q.dtype)
+    assert bias.dtype == q.dtype
+    assert bias.shape == mask.shape
+    assert torch.equal(bias == 0, mask)
+    assert bool(torch.isneginf(bias[~mask]).all())
+    expected, weights = attention_reference(q, k, v, mask)
+    from_bias, bias_weights = attention_reference(q, k, v, bias)
+    torch.testing.assert_close(from_bias, expected)
+    torch.testing.assert_close(bias_weights, weights)
+    torch.testing.assert_close(attention(q, k, v, bias), expected)

@@ -57,7 +57,7 @@ from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.attention import attention
 from seqrec.nn.dropout import Dropout
-from seqrec.nn.masks import attention_mask
+from seqrec.nn.masks import attention_bias, attention_mask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +227,8 @@ class BERT4Rec(ScoringRecommender):
             self.config.max_seq_len - L, self.config.max_seq_len, device=input_ids.device
         )
         x = self.emb_dropout(self.ln_emb(self.item_emb(input_ids) + self.pos_emb(positions)))
-        mask = attention_mask(input_ids != PAD_ID, causal=False)  # (B, 1, L, L)
+        real = input_ids != PAD_ID
+        mask = attention_bias(attention_mask(real, causal=False), x.dtype)  # (B, 1, L, L)
         for index, block in enumerate(self.blocks):
             x = block(x, mask, last_only and index == len(self.blocks) - 1)
         return x[:, -1:] if last_only else x

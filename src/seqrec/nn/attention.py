@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -15,10 +16,12 @@ def attention_reference(
 ) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(d)) V, returning the attention weights (B, H, L, L) too.
 
-    q, k, v: (B, H, L, D / H); mask: (B, 1, L, L) bool, True = may attend.
+    q, k, v: (B, H, L, D / H); mask: (B, 1, L, L), either bool (True = may attend) or its
+    additive form (``seqrec.nn.masks.attention_bias``), as SDPA takes them.
     """
     logits = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, L, L)
-    weights = logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    weights = logits.softmax(dim=-1)
     return dropout(weights, dropout_p, training) @ v, weights
 
 

@@ -7,6 +7,10 @@ uniform draws, so a mask costs a sixth of the time. The drop probability is roun
 multiple of 1/65536 (0.2 becomes 0.199997) and the survivors are scaled by the exact inverse
 of the realised keep probability, so the expectation is unchanged. On other devices, and
 as the reference, this is ``F.dropout``.
+
+The masking is its own autograd function: ``x * keep`` then an in-place scale, forward and
+backward alike, where autograd over ``torch.where(keep, x * scale, 0)`` allocates two
+tensors each way; at long histories those allocations cost more than the arithmetic.
 """
 
 from __future__ import annotations
@@ -30,6 +34,25 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     return (draws.view(torch.int16)[:n] >= threshold).view(shape)
 
 
+class _ScaledMask(torch.autograd.Function):
+    """x * keep * scale, keeping only the bool mask for backward."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, x: Tensor, keep: Tensor, scale: float
+    ) -> Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale  # type: ignore[attr-defined]
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: Tensor
+    ) -> tuple[Tensor, None, None]:
+        (keep,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return grad.mul(keep).mul_(ctx.scale), None, None  # type: ignore[attr-defined]
+
+
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """Drop-in for ``F.dropout`` (not in place)."""
     if not training or p == 0.0:
@@ -38,7 +61,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return F.dropout(x, p, training=True)
     keep_probability = 1.0 - round(p * _LEVELS) / _LEVELS
     keep = keep_mask(x.shape, p, x.device)
-    return torch.where(keep, x * (1.0 / keep_probability), 0.0)
+    out: Tensor = _ScaledMask.apply(x, keep, 1.0 / keep_probability)  # type: ignore[no-untyped-call]
+    return out
 
 
 class Dropout(nn.Module):

@@ -17,3 +17,15 @@ def attention_mask(padding_mask: Tensor, *, causal: bool) -> Tensor:
     if causal:
         allowed = allowed & torch.ones(L, L, dtype=torch.bool, device=padding_mask.device).tril()
     return allowed | torch.eye(L, dtype=torch.bool, device=padding_mask.device)
+
+
+def attention_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool mask (True = may attend) -> the same mask as SDPA's additive form: 0 where
+    allowed, -inf elsewhere, in ``dtype``.
+
+    SDPA turns a bool mask into this form at every call; a model whose blocks share one mask
+    converts it once. At long histories the conversion of a (B, 1, L, L) mask costs about as
+    much as the attention it serves.
+    """
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask, zero, float("-inf"))
