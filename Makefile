@@ -20,7 +20,7 @@ $(VENV)/.core: $(BIN)/activate pyproject.toml
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.core
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,parquet,plot,text,numba]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,parquet,plot,text,numba,serve]'
 	touch $@
 
 venv: $(VENV)/.dev

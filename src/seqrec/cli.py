@@ -200,6 +200,29 @@ def _read_histories(path: Path) -> list[list[str]]:
     return [line.replace(",", " ").split() for line in lines]
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from seqrec.serving.predictor import Predictor
+
+    try:
+        from seqrec.serving.http import bind, create_app, serve
+    except ImportError as err:
+        raise ConfigError(
+            f"seqrec serve needs the serve extra ({err.name} is missing): "
+            "pip install 'seqrec[serve]'"
+        ) from None
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
+    app = create_app(predictor)
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"serving {args.run_dir} on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr)
+    serve(app, sock)
+    return 0
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
     from seqrec.io import atomic_write_text
     from seqrec.serving.predictor import Predictor
@@ -470,6 +493,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _inference_flag(p)
     p.set_defaults(handler=cmd_recommend)
+
+    p = sub.add_parser("serve", help="answer recommendation requests over HTTP (extra: serve)")
+    p.add_argument("run_dir")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    _inference_flag(p)
+    p.set_defaults(handler=cmd_serve)
 
     p = sub.add_parser("demo", help="the main job: default dataset -> SASRec -> results table")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")

@@ -76,3 +76,23 @@ def test_analyze_depth_command(stage_2: Path, tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "depth.json").read_text())
     assert [row["depth"] for row in rows] == [0, 1, 2]
     assert f"report: {tmp_path / 'depth.md'}" in done.stdout
+
+
+def test_predictor_settings_apply_to_one_call_only(stage_2: Path) -> None:
+    from seqrec.config import ConfigError
+    from seqrec.serving.predictor import Predictor
+
+    predictor = Predictor.from_run_dir(stage_2)
+    assert predictor.inference_settings == ("depth",)
+    items = list(predictor.id_map.items)
+    histories = [items[:8], items[10:25], items[3:5]]
+    default = predictor.recommend(histories, 10)
+    shallow = predictor.recommend(histories, 10, settings={"depth": 0})
+    assert [r.scores for r in shallow] != [r.scores for r in default]
+    loaded_shallow = Predictor.from_run_dir(stage_2, settings={"depth": 0})
+    for ours, theirs in zip(shallow, loaded_shallow.recommend(histories, 10), strict=True):
+        assert ours.items == theirs.items
+        assert ours.scores == pytest.approx(theirs.scores, abs=1e-6)
+    assert predictor.recommend(histories, 10) == default  # the loaded depth is back
+    with pytest.raises(ConfigError, match="model.hidden_size cannot change after training"):
+        predictor.recommend(histories, 10, settings={"hidden_size": 8})

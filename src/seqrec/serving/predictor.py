@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import torch
 
 from seqrec.batch import PAD_ID
 from seqrec.data.idmap import IdMap
-from seqrec.models.base import ScoringRecommender, SequentialRecommender
+from seqrec.models.base import ScoringRecommender, SequentialRecommender, with_inference_settings
 from seqrec.training.checkpoint import load_run
 
 
@@ -28,7 +30,8 @@ class Recommendation:
 
 
 class Predictor:
-    """Loads a model once and answers batches of histories."""
+    """Loads a model once and answers batches of histories; safe to call from several threads
+    (one call runs at a time)."""
 
     def __init__(
         self, model: SequentialRecommender, id_map: IdMap, device: str | torch.device = "cpu"
@@ -37,6 +40,8 @@ class Predictor:
         self.id_map = id_map
         self.device = torch.device(device)
         self.max_seq_len = int(model.config.max_seq_len)
+        self._lock = threading.Lock()
+        self._config = model.config  # the loaded settings; a call's settings replace them
 
     @classmethod
     def from_run_dir(
@@ -56,14 +61,33 @@ class Predictor:
             unknown.append(missing)
         return known, unknown
 
+    @property
+    def inference_settings(self) -> tuple[str, ...]:
+        """The model settings a call may change (``recommend(settings=...)``)."""
+        return type(self._config).inference_settings
+
+    @contextmanager
+    def _configured(self, config: Any) -> Iterator[None]:
+        """The model with ``config`` for the duration of one call (under the lock)."""
+        self.model.config = config
+        try:
+            yield
+        finally:
+            self.model.config = self._config
+
     @torch.inference_mode()
     def recommend(
-        self, histories: Sequence[Sequence[str]], k: int = 10, exclude_seen: bool = True
+        self,
+        histories: Sequence[Sequence[str]],
+        k: int = 10,
+        exclude_seen: bool = True,
+        settings: Mapping[str, Any] | None = None,
     ) -> list[Recommendation]:
         """One ``Recommendation`` per history, in order; a bad history gets ``error``.
 
         The model reads the last ``max_seq_len`` known items; ``exclude_seen`` removes every
-        known item of the history, however long.
+        known item of the history, however long. ``settings`` change inference settings of
+        the model for this call only (``{"depth": 2}`` for RecRec).
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -71,14 +95,15 @@ class Predictor:
             raise ValueError(
                 "this model needs user ids (a user embedding); it cannot serve histories"
             )
+        config = with_inference_settings(self._config, settings or {})  # ConfigError
         known, unknown = self._encode(histories)
         results: list[Recommendation] = []
         rows = [i for i, ids in enumerate(known) if len(ids) > 0]
         answers: dict[int, tuple[list[int], list[float] | None]] = {}
         if rows:
-            answers = dict(
-                zip(rows, self._top([known[i] for i in rows], k, exclude_seen), strict=True)
-            )
+            with self._lock, self._configured(config):
+                top = self._top([known[i] for i in rows], k, exclude_seen)
+            answers = dict(zip(rows, top, strict=True))
         for i, ids in enumerate(known):
             if len(ids) == 0:
                 reason = "empty history" if not unknown[i] else "no known item in the history"

@@ -1,0 +1,228 @@
+"""``seqrec serve``: the HTTP app over a real socket, in process and as the CLI command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from seqrec.serving.http import bind, create_app
+from seqrec.serving.predictor import Predictor
+
+
+def call(base: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    """(status, decoded JSON) of a GET (no body) or a POST."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        base + path, data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_run: Path) -> Predictor:
+    return Predictor.from_run_dir(tiny_run)
+
+
+@pytest.fixture(scope="module")
+def base(predictor: Predictor) -> Iterator[str]:
+    """The app served by uvicorn on a free local port, in a thread."""
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(predictor), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(timeout=30)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def items(predictor: Predictor) -> list[str]:
+    return list(predictor.id_map.items)
+
+
+def test_health_names_the_model(base: str, predictor: Predictor) -> None:
+    status, body = call(base, "/health")
+    assert status == 200
+    assert body == {
+        "status": "ok",
+        "model": "sasrec",
+        "num_items": len(predictor.id_map.items),
+        "max_seq_len": predictor.max_seq_len,
+        "inference_settings": [],
+    }
+
+
+def test_recommend_answers_what_the_predictor_answers(
+    base: str, predictor: Predictor, items: list[str]
+) -> None:
+    history = [items[4], items[9], "never-seen", items[2]]
+    status, body = call(base, "/recommend", {"history": history, "k": 7})
+    assert status == 200
+    (expected,) = predictor.recommend([history], 7)
+    assert body["items"] == expected.items
+    assert body["scores"] == pytest.approx(expected.scores, abs=1e-6)
+    assert body["unknown"] == ["never-seen"]
+    assert not set(body["items"]) & set(history)  # seen items excluded by default
+    kept = call(base, "/recommend", {"history": history, "k": 7, "exclude_seen": False})[1]
+    assert kept["items"] == predictor.recommend([history], 7, exclude_seen=False)[0].items
+
+
+def test_numeric_ids_are_read_as_their_text(base: str, items: list[str]) -> None:
+    numeric = [item for item in items if item.isdigit()][:3]
+    assert numeric, "the tiny run's ids are numbers"
+    as_text = call(base, "/recommend", {"history": numeric})[1]
+    as_numbers = call(base, "/recommend", {"history": [int(i) for i in numeric]})[1]
+    assert as_numbers == as_text
+
+
+def test_batch_answers_each_history_and_reports_bad_ones(
+    base: str, predictor: Predictor, items: list[str]
+) -> None:
+    histories = [items[:5], [], ["nobody-knows"], items[10:30]]
+    status, body = call(base, "/recommend/batch", {"histories": histories, "k": 3})
+    assert status == 200
+    results = body["results"]
+    expected = predictor.recommend(histories, 3)
+    assert [r["items"] for r in results] == [e.items for e in expected]
+    assert [r["error"] for r in results] == [
+        None,
+        "empty history",
+        "no known item in the history",
+        None,
+    ]
+    assert results[2]["unknown"] == ["nobody-knows"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"history": "1 2 3"}, "history"),
+        ({"history": [1.5]}, "history"),
+        ({"history": ["1"], "k": 0}, "k"),
+        ({"history": ["1"], "k": "ten"}, "k"),
+        ({"history": ["1"], "colour": "red"}, "colour"),
+        ({}, "history"),
+    ],
+)
+def test_malformed_requests_get_422_naming_the_field(
+    base: str, body: dict[str, Any], field: str
+) -> None:
+    status, answer = call(base, "/recommend", body)
+    assert status == 422
+    assert any(field in error["loc"] for error in answer["detail"])
+
+
+def test_broken_json_and_bad_paths_get_clear_errors(base: str) -> None:
+    status, answer = call(base, "/recommend", raw=b'{"history": [1, 2')
+    assert status == 422
+    assert answer["detail"][0]["type"] == "json_invalid"
+    assert call(base, "/recommend/batch", {"histories": []})[0] == 422
+    assert call(base, "/nothing-here")[0] == 404
+    assert call(base, "/health", {"history": []})[0] == 405
+
+
+def test_a_history_without_known_items_is_422_with_the_unknown_ids(base: str) -> None:
+    status, answer = call(base, "/recommend", {"history": ["x-1", "x-2"]})
+    assert status == 422
+    assert answer["detail"] == {
+        "error": "cannot recommend: no known item in the history",
+        "unknown": ["x-1", "x-2"],
+    }
+    assert call(base, "/recommend", {"history": []})[1]["detail"]["error"] == (
+        "cannot recommend: empty history"
+    )
+
+
+def test_settings_the_model_does_not_have_are_400(base: str, items: list[str]) -> None:
+    status, answer = call(base, "/recommend", {"history": items[:3], "settings": {"depth": 2}})
+    assert status == 400
+    assert "model.depth cannot change after training" in answer["detail"]
+
+
+def test_concurrent_requests_get_their_own_answers(base: str, items: list[str]) -> None:
+    histories = [items[i : i + 6] for i in range(0, 48, 6)]
+    alone = [call(base, "/recommend", {"history": h, "k": 5})[1]["items"] for h in histories]
+    together: dict[int, list[str]] = {}
+
+    def ask(index: int) -> None:
+        together[index] = call(base, "/recommend", {"history": histories[index], "k": 5})[1][
+            "items"
+        ]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(histories))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [together[i] for i in range(len(histories))] == alone
+
+
+def test_seqrec_serve_listens_answers_and_stops_on_sigint(tiny_run: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "seqrec.cli", "serve", str(tiny_run), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert first.startswith(f"serving {tiny_run} on http://127.0.0.1:"), first
+        base = first.split(" on ")[1].split()[0]
+        deadline = time.monotonic() + 60
+        while True:  # the socket listens before uvicorn answers: retry until it does
+            try:
+                status, body = call(base, "/health")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "seqrec serve did not answer"
+                time.sleep(0.1)
+        assert status == 200
+        assert body["model"] == "sasrec"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_seqrec_serve_refuses_a_busy_port_in_one_line(tiny_run: Path) -> None:
+    sock = bind("127.0.0.1", 0)
+    try:
+        port = str(sock.getsockname()[1])
+        done = subprocess.run(
+            [sys.executable, "-m", "seqrec.cli", "serve", str(tiny_run), "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        sock.close()
+    assert done.returncode != 0
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
+    )
+    assert "Traceback" not in done.stderr
