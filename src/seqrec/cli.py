@@ -215,7 +215,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
-    app = create_app(predictor)
+    app = create_app(predictor, args.max_sessions)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     print(f"serving {args.run_dir} on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr)
@@ -499,6 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=10_000,
+        help="sessions held in memory (models with a recurrent state); the least recently "
+        "used is dropped beyond it (default: 10000)",
+    )
     _inference_flag(p)
     p.set_defaults(handler=cmd_serve)
 

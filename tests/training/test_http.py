@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,23 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from seqrec.serving.http import bind, create_app
 from seqrec.serving.predictor import Predictor
-
-
-def call(base: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
-    """(status, decoded JSON) of a GET (no body) or a POST."""
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        base + path, data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+from tests.training.http_client import call, served
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +28,8 @@ def predictor(tiny_run: Path) -> Predictor:
 
 @pytest.fixture(scope="module")
 def base(predictor: Predictor) -> Iterator[str]:
-    """The app served by uvicorn on a free local port, in a thread."""
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(predictor), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with served(create_app(predictor)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +46,7 @@ def test_health_names_the_model(base: str, predictor: Predictor) -> None:
         "num_items": len(predictor.id_map.items),
         "max_seq_len": predictor.max_seq_len,
         "inference_settings": [],
+        "sessions": None,
     }
 
 

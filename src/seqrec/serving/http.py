@@ -4,14 +4,24 @@
     POST /recommend         {"history": ["1193", "661"], "k": 10} -> {"items", "scores", "unknown"}
     POST /recommend/batch   {"histories": [[...], ...], "k": 10} -> {"results": [...]}
 
+and, for models with a recurrent state (Mamba4Rec), sessions updated in O(1) per new item
+(``seqrec.serving.sessions``):
+
+    PUT    /sessions/{id}          {"history": [...], "k": 10} -> start (or restart) a session
+    POST   /sessions/{id}/events   {"item": "2355", "k": 10}   -> add one item, recommend
+    DELETE /sessions/{id}
+
 Item ids are the original ids of the training log, as strings (numbers are accepted and read
 as their decimal text). Both POSTs take ``exclude_seen`` (default true) and ``settings``, the
 model's inference settings for this request only (``{"depth": 2}`` for RecRec, ``{"beam_size":
-20}`` for TIGER). The server is stateless: each request carries the whole history.
+20}`` for TIGER). ``/recommend`` is stateless: each request carries the whole history.
 
 Errors are JSON ``{"detail": ...}``: 422 for a malformed body (FastAPI's field-by-field
 list), 400 for settings the model does not have, 422 with the unknown ids for a single history
 with no known item. In a batch, such a history gets its own ``error`` and the rest are answered.
+A session not held (never started, ended, or dropped as the least recently used beyond the
+capacity) is 404; an event with an item outside the catalogue is 422 and leaves the session
+unchanged; sessions on a model without a recurrent state are 400.
 """
 
 from __future__ import annotations
@@ -20,27 +30,32 @@ import logging
 import socket
 from typing import Annotated
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Path, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from seqrec.config import ConfigError
 from seqrec.serving.predictor import Predictor, Recommendation
+from seqrec.serving.sessions import SessionStore, supports_sessions
 
 logger = logging.getLogger(__name__)
 
 MAX_K = 1000
 MAX_HISTORY = 100_000  # ids per history; the model reads only its last max_seq_len
 MAX_BATCH = 1024  # histories per batch request
+MAX_SESSIONS = 10_000  # default; one Mamba4Rec session of d 64 holds about 18 KiB per layer
 
 ItemId = StrictStr | StrictInt
 Setting = StrictInt | float | StrictStr | bool | None
 
 
-class _Request(BaseModel):
+class _Ranking(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     k: Annotated[int, Field(ge=1, le=MAX_K)] = 10
     exclude_seen: bool = True
+
+
+class _Request(_Ranking):
     settings: dict[str, Setting] = Field(default_factory=dict)
 
 
@@ -53,6 +68,17 @@ class BatchRequest(_Request):
         list[Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]],
         Field(min_length=1, max_length=MAX_BATCH),
     ]
+
+
+class SessionStart(_Ranking):
+    history: Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]
+
+
+class SessionEvent(_Ranking):
+    item: ItemId
+
+
+SessionId = Annotated[str, Path(min_length=1, max_length=256)]
 
 
 class RecommendResponse(BaseModel):
@@ -75,15 +101,35 @@ class Health(BaseModel):
     num_items: int
     max_seq_len: int
     inference_settings: list[str]
+    sessions: int | None  # sessions held; None when the model has no recurrent state
 
 
-def create_app(predictor: Predictor) -> FastAPI:
-    """The app serving ``predictor``; raises ``ValueError`` for a model that cannot serve
+def create_app(predictor: Predictor, max_sessions: int = MAX_SESSIONS) -> FastAPI:
+    """The app serving ``predictor``, with at most ``max_sessions`` sessions held when the
+    model has a recurrent state; raises ``ValueError`` for a model that cannot serve
     histories (one that needs user ids)."""
     if predictor.model.uses_users:
         raise ValueError("this model needs user ids (a user embedding); it cannot serve histories")
     app = FastAPI(title="seqrec", summary="next-item recommendations from a trained run")
+    store = SessionStore(predictor, max_sessions) if supports_sessions(predictor) else None
 
+    @app.get("/health")
+    def health() -> Health:
+        return Health(
+            status="ok",
+            model=predictor.model.config.name,
+            num_items=len(predictor.id_map.items),
+            max_seq_len=predictor.max_seq_len,
+            inference_settings=list(predictor.inference_settings),
+            sessions=None if store is None else len(store),
+        )
+
+    _add_recommend_routes(app, predictor)
+    _add_session_routes(app, predictor, store)
+    return app
+
+
+def _add_recommend_routes(app: FastAPI, predictor: Predictor) -> None:
     def answer(histories: list[list[ItemId]], request: _Request) -> list[Recommendation]:
         try:
             return predictor.recommend(
@@ -95,25 +141,10 @@ def create_app(predictor: Predictor) -> FastAPI:
         except ConfigError as err:
             raise HTTPException(status_code=400, detail=str(err)) from None
 
-    @app.get("/health")
-    def health() -> Health:
-        return Health(
-            status="ok",
-            model=predictor.model.config.name,
-            num_items=len(predictor.id_map.items),
-            max_seq_len=predictor.max_seq_len,
-            inference_settings=list(predictor.inference_settings),
-        )
-
     @app.post("/recommend")
     def recommend(request: RecommendRequest) -> RecommendResponse:
         (result,) = answer([request.history], request)
-        if result.error is not None:
-            raise HTTPException(
-                status_code=422,
-                detail={"error": f"cannot recommend: {result.error}", "unknown": result.unknown},
-            )
-        return RecommendResponse(items=result.items, scores=result.scores, unknown=result.unknown)
+        return _response(result, "cannot recommend")
 
     @app.post("/recommend/batch")
     def recommend_batch(request: BatchRequest) -> BatchResponse:
@@ -125,7 +156,56 @@ def create_app(predictor: Predictor) -> FastAPI:
             ]
         )
 
-    return app
+
+def _add_session_routes(app: FastAPI, predictor: Predictor, store: SessionStore | None) -> None:
+    def sessions() -> SessionStore:
+        if store is None:
+            raise HTTPException(
+                status_code=400,
+                detail=f"{predictor.model.config.name} keeps no state per session (models that"
+                " do: mamba4rec); POST the whole history to /recommend",
+            )
+        return store
+
+    @app.put("/sessions/{session_id}")
+    def start_session(session_id: SessionId, request: SessionStart) -> RecommendResponse:
+        history = [str(item) for item in request.history]
+        result = sessions().start(session_id, history, request.k, request.exclude_seen)
+        return _response(result, "cannot start")
+
+    @app.post("/sessions/{session_id}/events")
+    def add_event(session_id: SessionId, request: SessionEvent) -> RecommendResponse:
+        held = sessions()
+        try:
+            result = held.append(session_id, str(request.item), request.k, request.exclude_seen)
+        except KeyError:
+            raise HTTPException(status_code=404, detail=_no_session(session_id)) from None
+        except ValueError as err:
+            raise HTTPException(status_code=422, detail=str(err)) from None
+        return _response(result, "cannot recommend")
+
+    @app.delete("/sessions/{session_id}", status_code=204)
+    def end_session(session_id: SessionId) -> Response:
+        if not sessions().end(session_id):
+            raise HTTPException(status_code=404, detail=_no_session(session_id))
+        return Response(status_code=204)
+
+
+def _response(result: Recommendation, failure: str) -> RecommendResponse:
+    """The answer to one history; 422 with the unknown ids when there is none."""
+    if result.error is not None:
+        raise HTTPException(
+            status_code=422,
+            detail={"error": f"{failure}: {result.error}", "unknown": result.unknown},
+        )
+    return RecommendResponse(items=result.items, scores=result.scores, unknown=result.unknown)
+
+
+def _no_session(session_id: str) -> str:
+    return (
+        f"no session {session_id!r} (never started, ended, or dropped as the least recently "
+        f"used); PUT /sessions/{session_id} with the history to start it"
+    )
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import Tensor
 
 from seqrec.batch import PAD_ID
 from seqrec.data.idmap import IdMap
@@ -60,6 +61,12 @@ class Predictor:
             known.append(ids)
             unknown.append(missing)
         return known, unknown
+
+    @contextmanager
+    def exclusive(self) -> Iterator[SequentialRecommender]:
+        """The model, with no other call of this predictor running meanwhile."""
+        with self._lock:
+            yield self.model
 
     @property
     def inference_settings(self) -> tuple[str, ...]:
@@ -130,15 +137,22 @@ class Predictor:
             top = self.model.recommend(input_ids, k, exclude_seen).cpu()
             return [([i for i in row.tolist() if i != PAD_ID], None) for row in top]
         scores = self.model.score(input_ids).float().cpu()  # (B, N + 1)
-        scores[:, PAD_ID] = float("-inf")
-        if exclude_seen:
-            rows = np.repeat(np.arange(len(histories)), [len(h) for h in histories])
-            scores[torch.from_numpy(rows), torch.from_numpy(np.concatenate(histories))] = float(
-                "-inf"
-            )
-        top_values, top_indices = scores.topk(min(k, scores.size(1) - 1), dim=1)
-        answers = []
-        for values, indices in zip(top_values, top_indices, strict=True):
-            finite = values.isfinite()  # fewer than k unseen items: return what there is
-            answers.append((indices[finite].tolist(), values[finite].tolist()))
-        return answers
+        return top_items(scores, histories if exclude_seen else None, k)
+
+
+def top_items(
+    scores: Tensor, seen: Sequence[npt.NDArray[np.int64]] | None, k: int
+) -> list[tuple[list[int], list[float] | None]]:
+    """(B, N + 1) scores (changed in place) -> per row the top-k internal ids and scores,
+    never PAD_ID nor, given ``seen`` (one array per row), an item seen; fewer than k when
+    fewer remain."""
+    scores[:, PAD_ID] = float("-inf")
+    if seen is not None:
+        rows = np.repeat(np.arange(len(seen)), [len(ids) for ids in seen])
+        scores[torch.from_numpy(rows), torch.from_numpy(np.concatenate(seen))] = float("-inf")
+    top_values, top_indices = scores.topk(min(k, scores.size(1) - 1), dim=1)
+    answers: list[tuple[list[int], list[float] | None]] = []
+    for values, indices in zip(top_values, top_indices, strict=True):
+        finite = values.isfinite()
+        answers.append((indices[finite].tolist(), values[finite].tolist()))
+    return answers
