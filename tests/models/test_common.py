@@ -42,6 +42,21 @@ def test_loss_is_finite_and_reaches_every_parameter(
     assert not unused, f"parameters without gradient: {unused}"
 
 
+def test_trains_and_scores_under_bf16_autocast(
+    model: SequentialRecommender, batch: SeqBatch
+) -> None:
+    """``train.precision: bf16`` runs the forward pass under autocast on CPUs too."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.train()(batch).loss
+    assert torch.isfinite(loss)
+    if any(p.requires_grad for p in model.parameters()):
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        top = model.eval().recommend(batch.input_ids, 5, users=batch.users)
+    assert top.shape == (batch.input_ids.size(0), 5)
+
+
 def test_recommend_skips_padding_and_history(model: SequentialRecommender, batch: SeqBatch) -> None:
     model.train()(batch)  # counting models learn here
     top = model.eval().recommend(batch.input_ids, k=10, users=batch.users)

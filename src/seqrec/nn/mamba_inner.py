@@ -56,19 +56,20 @@ def mamba_inner_numba(
     if not fused_block_applies(hidden):
         raise ValueError("mamba_inner_numba needs numba and float32 CPU tensors")
     bias = conv_bias if conv_bias is not None else hidden.new_zeros(D.numel())
-    out: Tensor = _MambaInner.apply(  # type: ignore[no-untyped-call]
-        hidden.contiguous(),
-        real.to(hidden.dtype).contiguous(),
-        in_proj_weight,
-        conv_weight,
-        bias,
-        x_proj_weight,
-        dt_proj_weight,
-        dt_proj_bias,
-        A_log,
-        D,
-        out_proj_weight,
-    )
+    with torch.autocast("cpu", enabled=False):  # the kernels take float32 only
+        out: Tensor = _MambaInner.apply(  # type: ignore[no-untyped-call]
+            hidden.contiguous(),
+            real.to(hidden.dtype).contiguous(),
+            in_proj_weight,
+            conv_weight,
+            bias,
+            x_proj_weight,
+            dt_proj_weight,
+            dt_proj_bias,
+            A_log,
+            D,
+            out_proj_weight,
+        )
     return out
 
 

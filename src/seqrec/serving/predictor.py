@@ -16,7 +16,12 @@ from torch import Tensor
 
 from seqrec.batch import PAD_ID
 from seqrec.data.idmap import IdMap
-from seqrec.models.base import ScoringRecommender, SequentialRecommender, with_inference_settings
+from seqrec.models.base import (
+    ModelConfig,
+    ScoringRecommender,
+    SequentialRecommender,
+    with_inference_settings,
+)
 from seqrec.training.checkpoint import load_run
 
 
@@ -74,7 +79,7 @@ class Predictor:
         return type(self._config).inference_settings
 
     @contextmanager
-    def _configured(self, config: Any) -> Iterator[None]:
+    def _configured(self, config: ModelConfig) -> Iterator[None]:
         """The model with ``config`` for the duration of one call (under the lock)."""
         self.model.config = config
         try:
