@@ -202,3 +202,12 @@ def test_seqrec_serve_refuses_a_busy_port_in_one_line(tiny_run: Path) -> None:
         done.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
     )
     assert "Traceback" not in done.stderr
+
+
+def test_a_body_over_the_limit_is_refused_unread(predictor: Predictor, items: list[str]) -> None:
+    with served(create_app(predictor, max_body_bytes=200)) as url:
+        small = {"history": items[:3]}
+        assert call(url, "/recommend", small)[0] == 200
+        status, answer = call(url, "/recommend", {"history": items[:3] * 30})
+    assert status == 413
+    assert answer["detail"].endswith("bytes; the limit is 200")

@@ -18,19 +18,21 @@ model's inference settings for this request only (``{"depth": 2}`` for RecRec, `
 
 Errors are JSON ``{"detail": ...}``: 422 for a malformed body (FastAPI's field-by-field
 list), 400 for settings the model does not have, 422 with the unknown ids for a single history
-with no known item. In a batch, such a history gets its own ``error`` and the rest are answered.
-A session not held (never started, ended, or dropped as the least recently used beyond the
-capacity) is 404; an event with an item outside the catalogue is 422 and leaves the session
-unchanged; sessions on a model without a recurrent state are 400.
+with no known item, 413 for a body declared larger than 64 MiB. In a batch, a history with no
+known item gets its own ``error`` and the rest are answered. A session not held (never
+started, ended, or dropped as the least recently used beyond the capacity) is 404; an event
+with an item outside the catalogue is 422 and leaves the session unchanged; sessions on a
+model without a recurrent state are 400.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Path, Response
+from fastapi import FastAPI, HTTPException, Path, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from seqrec.config import ConfigError
@@ -42,6 +44,7 @@ logger = logging.getLogger(__name__)
 MAX_K = 1000
 MAX_HISTORY = 100_000  # ids per history; the model reads only its last max_seq_len
 MAX_BATCH = 1024  # histories per batch request
+MAX_BODY_BYTES = 64 * 2**20  # a request declaring a larger body is refused (413) unread
 MAX_SESSIONS = 10_000  # default; one Mamba4Rec session of d 64 holds about 18 KiB per layer
 
 ItemId = StrictStr | StrictInt
@@ -104,7 +107,9 @@ class Health(BaseModel):
     sessions: int | None  # sessions held; None when the model has no recurrent state
 
 
-def create_app(predictor: Predictor, max_sessions: int = MAX_SESSIONS) -> FastAPI:
+def create_app(
+    predictor: Predictor, max_sessions: int = MAX_SESSIONS, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
     """The app serving ``predictor``, with at most ``max_sessions`` sessions held when the
     model has a recurrent state; raises ``ValueError`` for a model that cannot serve
     histories (one that needs user ids)."""
@@ -112,6 +117,14 @@ def create_app(predictor: Predictor, max_sessions: int = MAX_SESSIONS) -> FastAP
         raise ValueError("this model needs user ids (a user embedding); it cannot serve histories")
     app = FastAPI(title="seqrec", summary="next-item recommendations from a trained run")
     store = SessionStore(predictor, max_sessions) if supports_sessions(predictor) else None
+
+    @app.middleware("http")
+    async def refuse_large_bodies(request: Request, call_next: Any) -> Any:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            detail = f"request body of {declared} bytes; the limit is {max_body_bytes}"
+            return JSONResponse(status_code=413, content={"detail": detail})
+        return await call_next(request)
 
     @app.get("/health")
     def health() -> Health:
