@@ -164,9 +164,13 @@ def test_seqrec_serve_listens_answers_and_stops_on_sigint(tiny_run: Path) -> Non
     )
     try:
         assert process.stderr is not None
-        first = process.stderr.readline()
-        assert first.startswith(f"serving {tiny_run} on http://127.0.0.1:"), first
-        base = first.split(" on ")[1].split()[0]
+        line = process.stderr.readline()
+        for _ in range(50):  # warnings may come first
+            if line.startswith("serving ") or not line:
+                break
+            line = process.stderr.readline()
+        assert line.startswith(f"serving {tiny_run} on http://127.0.0.1:"), line
+        base = line.split(" on ")[1].split()[0]
         deadline = time.monotonic() + 60
         while True:  # the socket listens before uvicorn answers: retry until it does
             try:
