@@ -227,3 +227,49 @@ def test_cuda_matches_cpu(batch: SeqBatch) -> None:
         assert p_cpu.grad is not None, name
         assert p_gpu.grad is not None, name
         torch.testing.assert_close(p_gpu.grad.cpu(), p_cpu.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def _left_padded(lengths: list[int], width: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.full((len(lengths), width), PAD_ID, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n :] = torch.randint(1, NUM_ITEMS + 1, (n,), generator=g)
+    return ids
+
+
+@pytest.mark.parametrize(
+    "changes", [{}, {"num_layers": 2}, {"item_bias": False, "shared_embedding": True}]
+)
+def test_incremental_steps_equal_scoring_the_whole_history(changes: dict[str, object]) -> None:
+    model = build(**changes)
+    ids = _left_padded([2, 5, 1], width=L - 2, seed=3)  # room for two more items within L
+    state, scores = model.init_state(ids)
+    torch.testing.assert_close(scores, model.score(ids))
+    g = torch.Generator().manual_seed(7)
+    new = torch.randint(1, NUM_ITEMS + 1, (2, ids.size(0)), generator=g)
+    for item_ids in new:
+        ids = torch.cat([ids, item_ids.unsqueeze(1)], dim=1)
+        state, scores = model.step(state, item_ids)
+        assert state.shape == (model.config.num_layers, ids.size(0), model.config.hidden_size)
+        torch.testing.assert_close(scores, model.score(ids), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(state, model.init_state(ids)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_init_state_reads_histories_longer_than_max_seq_len() -> None:
+    model = build()
+    ids = _left_padded([L + 4], width=L + 4, seed=5)
+    _, scores = model.init_state(ids)
+    state, _ = model.init_state(ids[:, :L])
+    for item in ids[0, L:]:
+        state, stepped = model.step(state, item.view(1))
+    torch.testing.assert_close(scores, stepped, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(scores, model.score(ids))  # score reads the newest L only
+
+
+def test_incremental_inputs_are_checked() -> None:
+    model = build()
+    with pytest.raises(ValueError, match="at least one real item"):
+        model.init_state(torch.tensor([[PAD_ID, PAD_ID], [PAD_ID, 3]]))
+    state, _ = model.init_state(torch.tensor([[PAD_ID, 3]]))
+    with pytest.raises(ValueError, match="real item for every user"):
+        model.step(state, torch.tensor([PAD_ID]))

@@ -1,4 +1,5 @@
-"""Online sessions on Mamba4Rec's recurrent state: the Python store and its HTTP routes."""
+"""Online sessions on a recurrent state (Mamba4Rec, GRU4Rec): the Python store and its HTTP
+routes."""
 
 from __future__ import annotations
 
@@ -14,14 +15,19 @@ from seqrec.serving.sessions import SessionStore
 from tests.cli.helpers import tiny_raw, train_isolated
 from tests.training.http_client import call, served
 
-MAMBA = {"name": "mamba4rec", "hidden_size": 16, "max_seq_len": 20, "state_size": 4}
+RECURRENT = {
+    "mamba4rec": {"name": "mamba4rec", "hidden_size": 16, "max_seq_len": 20, "state_size": 4},
+    "gru4rec": {"name": "gru4rec", "hidden_size": 16, "max_seq_len": 20, "num_layers": 2},
+}
 
 
-@pytest.fixture(scope="module")
-def predictor(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
-    root = tmp_path_factory.mktemp("mamba-run")
-    run = train_isolated(tiny_raw(model=MAMBA, train={"max_epochs": 1}), root / "run", root / "c")
-    return Predictor.from_run_dir(run)
+@pytest.fixture(scope="module", params=sorted(RECURRENT))
+def predictor(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Predictor:
+    root = tmp_path_factory.mktemp(f"{request.param}-run")
+    raw = tiny_raw(model=RECURRENT[request.param], train={"max_epochs": 1})
+    return Predictor.from_run_dir(train_isolated(raw, root / "run", root / "cache"))
 
 
 @pytest.fixture(scope="module")

@@ -213,5 +213,41 @@ class GRU4Rec(ScoringRecommender):
 
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
         last = self.encode(input_ids)[:, -1]  # (B, H): left padding puts the newest last
-        scores = last @ self.output_embedding().T  # (B, N + 1)
+        return self._scores(last)
+
+    def _scores(self, state: Tensor) -> Tensor:
+        """(B, H) top-layer states -> (B, N + 1) item scores."""
+        scores = state @ self.output_embedding().T
         return scores if self.item_bias is None else scores + self.item_bias
+
+    @torch.no_grad()
+    def init_state(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Encode whole (B, L) left-padded histories, each with at least one item: the GRU
+        state after the newest item, (num_layers, B, H), and (B, N + 1) scores.
+
+        No truncation to max_seq_len: the state is that of the full history, which is what
+        ``step`` extends. ``score`` equals it in eval mode for histories up to max_seq_len
+        items; for longer ones ``score`` sees only the most recent max_seq_len.
+        """
+        real = input_ids != PAD_ID
+        lengths = real.sum(dim=1)
+        if not bool((lengths > 0).all()):
+            raise ValueError("init_state needs at least one real item per history")
+        L = input_ids.size(1)
+        to_right = (torch.arange(L, device=input_ids.device) + (L - lengths).unsqueeze(1)) % L
+        x = self.emb_dropout(self.item_emb(input_ids.gather(1, to_right)))  # real items first
+        packed = nn.utils.rnn.pack_padded_sequence(
+            x, lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        _, state = self.gru(packed)  # every layer's state after each row's newest item
+        return state, self._scores(self.dropout(state[-1]))
+
+    @torch.no_grad()
+    def step(self, state: Tensor, item_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Append one item per user, (B,) real ids -> the new state and (B, N + 1) scores;
+        O(1) in the history length, equal to ``init_state`` on the extended histories."""
+        if bool((item_ids == PAD_ID).any()):
+            raise ValueError("step needs a real item for every user, not PAD_ID")
+        x = self.emb_dropout(self.item_emb(item_ids)).unsqueeze(1)  # (B, 1, E)
+        out, state = self.gru(x, state)
+        return state, self._scores(self.dropout(out[:, 0]))

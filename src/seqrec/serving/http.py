@@ -4,7 +4,7 @@
     POST /recommend         {"history": ["1193", "661"], "k": 10} -> {"items", "scores", "unknown"}
     POST /recommend/batch   {"histories": [[...], ...], "k": 10} -> {"results": [...]}
 
-and, for models with a recurrent state (Mamba4Rec), sessions updated in O(1) per new item
+and, for models with a recurrent state (GRU4Rec, Mamba4Rec), sessions updated in O(1) per new item
 (``seqrec.serving.sessions``):
 
     PUT    /sessions/{id}          {"history": [...], "k": 10} -> start (or restart) a session
@@ -45,7 +45,7 @@ MAX_K = 1000
 MAX_HISTORY = 100_000  # ids per history; the model reads only its last max_seq_len
 MAX_BATCH = 1024  # histories per batch request
 MAX_BODY_BYTES = 64 * 2**20  # a request declaring a larger body is refused (413) unread
-MAX_SESSIONS = 10_000  # default; one Mamba4Rec session of d 64 holds about 18 KiB per layer
+MAX_SESSIONS = 10_000  # default; a one-layer d = 64 Mamba4Rec state is 17.5 KiB
 
 ItemId = StrictStr | StrictInt
 Setting = StrictInt | float | StrictStr | bool | None
@@ -176,7 +176,7 @@ def _add_session_routes(app: FastAPI, predictor: Predictor, store: SessionStore 
             raise HTTPException(
                 status_code=400,
                 detail=f"{predictor.model.config.name} keeps no state per session (models that"
-                " do: mamba4rec); POST the whole history to /recommend",
+                " do: gru4rec, mamba4rec); POST the whole history to /recommend",
             )
         return store
 

@@ -1,5 +1,5 @@
-"""Online sessions for models with a recurrent state (Mamba4Rec): each new item updates the
-user's state in O(1) instead of re-encoding the history.
+"""Online sessions for models with a recurrent state (GRU4Rec, Mamba4Rec): each new item
+updates the user's state in O(1) instead of re-encoding the history.
 
 A session starts from a history (``start``: one full encoding), then takes one item at a time
 (``append``: one recurrent step). Its recommendations equal those of ``Predictor.recommend``
@@ -52,7 +52,7 @@ class SessionStore:
         if not supports_sessions(predictor):
             raise ValueError(
                 f"{predictor.model.config.name} has no recurrent state to keep per session "
-                "(models with one: mamba4rec)"
+                "(models with one: gru4rec, mamba4rec)"
             )
         if capacity < 1:
             raise ValueError(f"session capacity must be >= 1, got {capacity}")
