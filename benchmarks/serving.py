@@ -1,11 +1,11 @@
 """Latency of `seqrec serve` over HTTP: a stateless /recommend carrying a whole history,
-against a Mamba4Rec session event that carries one new item.
+against a session event that carries one new item (GRU4Rec, Mamba4Rec).
 
-The models are the ML-1M configs (SASRec+: configs/ml-1m_sasrec-ce.yaml; Mamba4Rec:
-configs/ml-1m_mamba4rec.yaml) with fresh weights over an ML-1M-sized catalogue of 3,416
-items: latency does not depend on what the weights learned. Each is served by uvicorn on a
-local socket, in this process, and called by one client in sequence; every figure is the
-median and 95th percentile of ``--requests`` calls, after 20 warm-up calls.
+The models are the ML-1M configs (configs/ml-1m_{sasrec-ce,gru4rec,mamba4rec}.yaml) with
+fresh weights over an ML-1M-sized catalogue of 3,416 items: latency does not depend on what
+the weights learned. Each is served by uvicorn on a local socket, in this process, and called
+by one client in sequence; every figure is the median and 95th percentile of ``--requests``
+calls, after 20 warm-up calls.
 
     .venv/bin/python benchmarks/serving.py --threads 1
     .venv/bin/python benchmarks/serving.py --lengths 50 200 --requests 500 --out runs/serving.json
@@ -29,15 +29,16 @@ from seqrec.io import atomic_write_text
 from seqrec.models import build_model, build_model_config
 from seqrec.serving.http import create_app
 from seqrec.serving.predictor import Predictor
+from seqrec.serving.sessions import supports_sessions
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from tests.training.http_client import call, served  # noqa: E402  (the tests' real client)
 
 NUM_ITEMS = 3416  # ML-1M after 5-core filtering
-CONFIGS = {"sasrec": "ml-1m_sasrec-ce", "mamba4rec": "ml-1m_mamba4rec"}
+CONFIGS = {"sasrec": "ml-1m_sasrec-ce", "gru4rec": "ml-1m_gru4rec", "mamba4rec": "ml-1m_mamba4rec"}
 WARM_UP = 20
-SESSIONS = 16  # Mamba4Rec sessions that the event calls take turns on
+SESSIONS = 16  # sessions that the event calls take turns on
 
 
 def predictor(name: str) -> Predictor:
@@ -79,7 +80,8 @@ def history(length: int, user: int) -> list[str]:
 
 def measure(name: str, lengths: list[int], requests: int) -> list[dict[str, Any]]:
     rows = []
-    with served(create_app(predictor(name))) as base:
+    served_predictor = predictor(name)
+    with served(create_app(served_predictor)) as base:
         for length in lengths:
             row: dict[str, Any] = {"model": name, "history": length}
             row["recommend"] = timed_calls(
@@ -87,7 +89,7 @@ def measure(name: str, lengths: list[int], requests: int) -> list[dict[str, Any]
                 requests,
                 lambda i, n=length: ("/recommend", {"history": history(n, i), "k": 10}, None),
             )
-            if name == "mamba4rec":
+            if supports_sessions(served_predictor):
                 # Sessions started from a history of this length, then one event per call.
                 for user in range(SESSIONS):
                     body = {"history": history(length, user), "k": 10}
