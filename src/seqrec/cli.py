@@ -209,8 +209,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from seqrec.serving.http import bind, create_app, serve
     except ImportError as err:
         raise ConfigError(
-            f"seqrec serve needs the serve extra ({err.name} is missing): "
-            "pip install 'seqrec[serve]'"
+            f"seqrec serve needs the serve extra ({err}): pip install 'seqrec[serve]'"
         ) from None
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -215,3 +215,25 @@ def test_a_body_over_the_limit_is_refused_unread(predictor: Predictor, items: li
         status, answer = call(url, "/recommend", {"history": items[:3] * 30})
     assert status == 413
     assert answer["detail"].endswith("bytes; the limit is 200")
+
+
+def test_seqrec_serve_without_the_serve_extra_says_how_to_install_it(
+    tiny_run: Path, tmp_path: Path
+) -> None:
+    shim = tmp_path / "fastapi"
+    shim.mkdir()
+    (shim / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'fastapi'\", name='fastapi')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "seqrec.cli", "serve", str(tiny_run), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: seqrec serve needs the serve extra (No module named 'fastapi'): "
+        "pip install 'seqrec[serve]'"
+    )
