@@ -237,3 +237,15 @@ def test_seqrec_serve_without_the_serve_extra_says_how_to_install_it(
         "error: seqrec serve needs the serve extra (No module named 'fastapi'): "
         "pip install 'seqrec[serve]'"
     )
+
+
+def test_the_openapi_schema_lists_every_route(base: str) -> None:
+    status, schema = call(base, "/openapi.json")
+    assert status == 200
+    assert set(schema["paths"]) == {
+        "/health",
+        "/recommend",
+        "/recommend/batch",
+        "/sessions/{session_id}",
+        "/sessions/{session_id}/events",
+    }
