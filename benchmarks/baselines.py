@@ -3,8 +3,9 @@ stopping with its ready config (configs/<dataset>_<model>.yaml), evaluated on te
 paper's sampled protocol (target + 100 never-seen items) and under full ranking.
 
 Prints three Markdown tables -- sampled (Table III layout), full ranking, training time --
-and writes every row to <out>/baselines.json. Run directories are resumed, so an interrupted
-benchmark continues where it stopped; a run that finished is only re-evaluated.
+and writes every row to <out>/baselines.json, beside the rows of earlier runs with other
+models. Run directories are resumed, so an interrupted benchmark continues where it stopped;
+a run that finished is only re-evaluated.
 
     .venv/bin/python benchmarks/baselines.py --data-dir ../shared/data            # hours
     .venv/bin/python benchmarks/baselines.py --data-dir ../shared/data --quick    # smoke
@@ -16,6 +17,7 @@ and evaluates end to end on real data, not a reproduction.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,17 @@ def cell(rows: dict[tuple[str, str], dict[str, Any]], model: str, dataset: str) 
     if row is None:
         return "– | –"
     return f"{row['HR@10']:.4f} | {row['NDCG@10']:.4f}"
+
+
+def with_earlier_rows(rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """``rows`` plus the rows of ``path`` for (experiment, protocol) pairs not among them, so
+    that runs of the benchmark with different ``--models`` add up instead of replacing each
+    other's results."""
+    if not path.is_file():
+        return rows
+    ours = {(row["experiment"], row["protocol"]) for row in rows}
+    earlier = json.loads(path.read_text())
+    return [row for row in earlier if (row["experiment"], row["protocol"]) not in ours] + rows
 
 
 def metric_table(
@@ -128,7 +141,7 @@ def main() -> None:
                 continue
             for row in train_and_evaluate(name, out, args.data_dir, overrides):
                 rows.append({**row, "model_key": model, "dataset_key": dataset})
-            save_rows(rows, out / "baselines.json")
+            save_rows(with_earlier_rows(rows, out / "baselines.json"), out / "baselines.json")
     shown = [m for m in args.models if any(r["model_key"] == m for r in rows)]
     if max_epochs is not None:
         print(
