@@ -159,14 +159,20 @@ class GRU4Rec(ScoringRecommender):
         input_ids = input_ids[:, -self.config.max_seq_len :]
         L = input_ids.size(1)
         real = input_ids != PAD_ID  # (B, L)
-        shift = (L - real.sum(dim=1)).unsqueeze(1)  # (B, 1) padding columns of each row
-        steps = torch.arange(L, device=input_ids.device)
-        to_right = (steps + shift) % L  # (B, L): column of the t-th real item
-        x = self.emb_dropout(self.item_emb(input_ids.gather(1, to_right)))  # (B, L, E)
+        x, shift = self._real_items_first(input_ids, real.sum(dim=1))
         out, _ = self.gru(x)  # (B, L, H), row b's real states in columns 0..len_b - 1
+        steps = torch.arange(L, device=input_ids.device)
         to_left = ((steps - shift) % L).unsqueeze(-1).expand(-1, -1, out.size(-1))
         hidden = out.gather(1, to_left) * real.unsqueeze(-1)  # back to left padding
         return self.dropout(hidden)
+
+    def _real_items_first(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, L) left-padded ids and (B,) real lengths -> the (B, L, E) input embeddings
+        with each row's real items moved to columns 0..len - 1, and (B, 1) the shift."""
+        L = input_ids.size(1)
+        shift = (L - lengths).unsqueeze(1)  # (B, 1) padding columns of each row
+        to_right = (torch.arange(L, device=input_ids.device) + shift) % L  # t-th real item
+        return self.emb_dropout(self.item_emb(input_ids.gather(1, to_right))), shift
 
     def forward(self, batch: SeqBatch) -> ModelOutput:
         if batch.labels is None:
@@ -229,13 +235,10 @@ class GRU4Rec(ScoringRecommender):
         ``step`` extends. ``score`` equals it in eval mode for histories up to max_seq_len
         items; for longer ones ``score`` sees only the most recent max_seq_len.
         """
-        real = input_ids != PAD_ID
-        lengths = real.sum(dim=1)
+        lengths = (input_ids != PAD_ID).sum(dim=1)
         if not bool((lengths > 0).all()):
             raise ValueError("init_state needs at least one real item per history")
-        L = input_ids.size(1)
-        to_right = (torch.arange(L, device=input_ids.device) + (L - lengths).unsqueeze(1)) % L
-        x = self.emb_dropout(self.item_emb(input_ids.gather(1, to_right)))  # real items first
+        x, _ = self._real_items_first(input_ids, lengths)
         packed = nn.utils.rnn.pack_padded_sequence(
             x, lengths.cpu(), batch_first=True, enforce_sorted=False
         )

@@ -48,6 +48,7 @@ MAX_BODY_BYTES = 64 * 2**20  # a request declaring a larger body is refused (413
 MAX_SESSIONS = 10_000  # default; a one-layer d = 64 Mamba4Rec state is 17.5 KiB
 
 ItemId = StrictStr | StrictInt
+History = Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]  # oldest first
 Setting = StrictInt | float | StrictStr | bool | None
 
 
@@ -63,18 +64,15 @@ class _Request(_Ranking):
 
 
 class RecommendRequest(_Request):
-    history: Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]
+    history: History
 
 
 class BatchRequest(_Request):
-    histories: Annotated[
-        list[Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]],
-        Field(min_length=1, max_length=MAX_BATCH),
-    ]
+    histories: Annotated[list[History], Field(min_length=1, max_length=MAX_BATCH)]
 
 
 class SessionStart(_Ranking):
-    history: Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]
+    history: History
 
 
 class SessionEvent(_Ranking):

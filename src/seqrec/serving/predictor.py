@@ -101,8 +101,7 @@ class Predictor:
         known item of the history, however long. ``settings`` change inference settings of
         the model for this call only (``{"depth": 2}`` for RecRec).
         """
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        check_k(k)
         if self.model.uses_users:
             raise ValueError(
                 "this model needs user ids (a user embedding); it cannot serve histories"
@@ -118,8 +117,7 @@ class Predictor:
             answers = dict(zip(rows, top, strict=True))
         for i, ids in enumerate(known):
             if len(ids) == 0:
-                reason = "empty history" if not unknown[i] else "no known item in the history"
-                results.append(Recommendation([], None, unknown[i], reason))
+                results.append(nothing_known(unknown[i]))
                 continue
             items, scores = answers[i]
             results.append(Recommendation(self.id_map.item_to_original(items), scores, unknown[i]))
@@ -143,6 +141,17 @@ class Predictor:
             return [([i for i in row.tolist() if i != PAD_ID], None) for row in top]
         scores = self.model.score(input_ids).float().cpu()  # (B, N + 1)
         return top_items(scores, histories if exclude_seen else None, k)
+
+
+def check_k(k: int) -> None:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+
+
+def nothing_known(unknown: list[str]) -> Recommendation:
+    """The answer to a history without a known item: empty, or only unknown ids."""
+    reason = "empty history" if not unknown else "no known item in the history"
+    return Recommendation([], None, unknown, reason)
 
 
 def top_items(

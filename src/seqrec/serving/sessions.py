@@ -23,7 +23,13 @@ import numpy.typing as npt
 import torch
 from torch import Tensor
 
-from seqrec.serving.predictor import Predictor, Recommendation, top_items
+from seqrec.serving.predictor import (
+    Predictor,
+    Recommendation,
+    check_k,
+    nothing_known,
+    top_items,
+)
 
 
 @runtime_checkable
@@ -71,11 +77,10 @@ class SessionStore:
     ) -> Recommendation:
         """(Re)start a session from a history, oldest first; with no known item in it the
         session is not started and the answer carries ``error``."""
-        _check_k(k)
+        check_k(k)
         ids, unknown = self.predictor.id_map.item_to_internal([str(item) for item in history])
         if len(ids) == 0:
-            reason = "empty history" if not unknown else "no known item in the history"
-            return Recommendation([], None, unknown, reason)
+            return nothing_known(unknown)
         with self.predictor.exclusive() as model, torch.inference_mode():
             assert isinstance(model, RecurrentRecommender)
             input_ids = torch.from_numpy(ids).unsqueeze(0).to(self.predictor.device)
@@ -92,7 +97,7 @@ class SessionStore:
     ) -> Recommendation:
         """Add one item to a session: ``KeyError`` for a session not held, ``ValueError``
         (session unchanged) for an item outside the catalogue."""
-        _check_k(k)
+        check_k(k)
         ids, _ = self.predictor.id_map.item_to_internal([str(item)])
         if len(ids) == 0:
             raise ValueError(f"item {item!r} is not in the model's catalogue; session unchanged")
@@ -119,8 +124,3 @@ class SessionStore:
         scores = scores.float().cpu().clone()  # (1, N + 1); top_items writes into it
         ((items, values),) = top_items(scores, seen, k)
         return Recommendation(self.predictor.id_map.item_to_original(items), values, unknown)
-
-
-def _check_k(k: int) -> None:
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
