@@ -224,6 +224,19 @@ def test_the_ffn_keeps_its_residual_with_one_layer() -> None:
     torch.testing.assert_close(layer.ffn(h), layer.ffn.norm(h))
 
 
+def test_the_chunked_ffn_equals_the_plain_operations() -> None:
+    """float32 CPU runs ``gelu_ffn_residual``; float64 the module's own operations."""
+    ffn = build().layers[0].ffn
+    assert ffn is not None
+    h = torch.randn(2, 5, CONFIG.hidden_size, requires_grad=True)
+    fused = ffn.eval()(h)
+    (g_fused,) = torch.autograd.grad(fused.square().sum(), h)
+    plain = ffn.double()(h.double())
+    (g_plain,) = torch.autograd.grad(plain.square().sum(), h)
+    torch.testing.assert_close(fused, plain.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g_fused, g_plain.float(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "changes",
     [

@@ -3,6 +3,8 @@ computation written op by op with the sequential reference scan."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,6 +68,16 @@ def grads(out: Tensor, inputs: list[Tensor]) -> list[Tensor]:
     return list(torch.autograd.grad((out * weights).sum(), inputs))
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread: the block then takes chunks of a single user when told to."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("chunk_positions", [1, 10**6], ids=["user-by-user", "one-chunk"])
 @pytest.mark.parametrize(
     ("rows", "length", "channels", "width", "rank", "state", "lengths"),
     [
@@ -75,15 +87,23 @@ def grads(out: Tensor, inputs: list[Tensor]) -> list[Tensor]:
         (2, 2, 9, 4, 2, 4, [2, 1]),  # shorter than the conv
     ],
 )
+@pytest.mark.usefixtures("one_thread")
 def test_fused_block_matches_the_reference(
-    rows: int, length: int, channels: int, width: int, rank: int, state: int, lengths: list[int]
+    rows: int,
+    length: int,
+    channels: int,
+    width: int,
+    rank: int,
+    state: int,
+    lengths: list[int],
+    chunk_positions: int,
 ) -> None:
     real = left_padded(rows, length, lengths)
     hidden = block_input(rows, length, 6, real)
     params = block_params(channels, width, rank, state, model=6)
     inputs = [hidden, *params.values()]
     expected = block_reference(hidden, real, params)
-    actual = mamba_inner_numba(hidden, real, **params)
+    actual = mamba_inner_numba(hidden, real, **params, chunk_positions=chunk_positions)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
     names = ["hidden", *params]
     for name, a, e in zip(names, grads(actual, inputs), grads(expected, inputs), strict=True):
@@ -134,3 +154,5 @@ def test_fused_block_refuses_what_it_cannot_compute() -> None:
     params = block_params(4, 2, 1, 2, model=3)
     with pytest.raises(ValueError, match="float32 CPU"):
         mamba_inner_numba(xz, torch.ones(1, 3, dtype=torch.bool), **params)
+    with pytest.raises(ValueError, match="chunk_positions"):
+        mamba_inner_numba(xz.float(), torch.ones(1, 3), **params, chunk_positions=0)

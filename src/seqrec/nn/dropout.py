@@ -24,12 +24,18 @@ from torch import Tensor, nn
 _LEVELS = 1 << 16
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device) -> Tensor:
-    """A bool mask, True with probability 1 - round(p * 2^16) / 2^16, from the torch generator."""
+def keep_mask(
+    shape: torch.Size | tuple[int, ...],
+    p: float,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """A bool mask, True with probability 1 - round(p * 2^16) / 2^16, from ``generator``
+    (by default torch's)."""
     n = math.prod(shape)
     # One 64-bit draw per four elements, each read as a uniform int16 in [-2^15, 2^15).
     draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
-    draws.random_(-(1 << 63), (1 << 63) - 1)
+    draws.random_(-(1 << 63), (1 << 63) - 1, generator=generator)
     threshold = round(p * _LEVELS) - _LEVELS // 2
     return (draws.view(torch.int16)[:n] >= threshold).view(shape)
 
@@ -53,15 +59,19 @@ class _ScaledMask(torch.autograd.Function):
         return grad.mul(keep).mul_(ctx.scale), None, None  # type: ignore[attr-defined]
 
 
+def keep_scale(p: float) -> float:
+    """What ``keep_mask``'s survivors are multiplied by: the inverse of their probability."""
+    return 1.0 / (1.0 - round(p * _LEVELS) / _LEVELS)
+
+
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """Drop-in for ``F.dropout`` (not in place)."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
-    keep_probability = 1.0 - round(p * _LEVELS) / _LEVELS
     keep = keep_mask(x.shape, p, x.device)
-    out: Tensor = _ScaledMask.apply(x, keep, 1.0 / keep_probability)  # type: ignore[no-untyped-call]
+    out: Tensor = _ScaledMask.apply(x, keep, keep_scale(p))  # type: ignore[no-untyped-call]
     return out
 
 

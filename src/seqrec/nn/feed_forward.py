@@ -1,0 +1,126 @@
+"""A position-wise feed-forward block with its residual, as one autograd function that goes
+through the positions a chunk at a time:
+
+    out = x + Dropout(Dropout(GELU(x W1^T + b1)) W2^T + b2)
+
+Autograd over these operations keeps four (B, L, 4D) tensors for the backward pass (the
+first product, its GELU, the dropout mask and the dropped activations); at long histories
+they are most of a training step's memory. This keeps nothing but ``x``: the backward pass
+recomputes the product and the GELU one chunk of positions at a time, and draws the same
+dropout masks again from a generator seeded per chunk (the seed itself comes from torch's
+generator, so ``torch.manual_seed`` still fixes a run). The masks are those of
+``seqrec.nn.dropout``.
+
+CPU, float32, outside autocast: elsewhere the caller runs the operations themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqrec.nn.dropout import keep_mask, keep_scale
+
+CHUNK_POSITIONS = 8192  # a chunk's (positions, 4D) temporaries are 8 MiB at D = 64
+
+
+def fused_ffn_applies(x: Tensor) -> bool:
+    """Whether ``gelu_ffn_residual`` takes this input: float32 on CPU, no autocast."""
+    cpu_float32 = x.device.type == "cpu" and x.dtype == torch.float32
+    return cpu_float32 and not torch.is_autocast_enabled("cpu")
+
+
+def gelu_ffn_residual(
+    x: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    p: float,
+    training: bool,
+    chunk_positions: int = CHUNK_POSITIONS,
+) -> Tensor:
+    """(..., D) -> x + Dropout(Dropout(GELU(x W1^T + b1)) W2^T + b2), both dropouts with
+    probability ``p`` when ``training``; W1 (H, D), b1 (H,), W2 (D, H), b2 (D,)."""
+    if not fused_ffn_applies(x):
+        raise ValueError("gelu_ffn_residual needs a float32 CPU tensor outside autocast")
+    if chunk_positions < 1:
+        raise ValueError(f"chunk_positions must be >= 1, got {chunk_positions}")
+    p = p if training else 0.0
+    seed = int(torch.randint(0, 2**62, ()).item()) if p > 0.0 else 0
+    flat = x.reshape(-1, x.size(-1))
+    out: Tensor = _GeluFFN.apply(flat, w1, b1, w2, b2, p, seed, chunk_positions)  # type: ignore[no-untyped-call]
+    return out.view_as(x)
+
+
+def _masks(
+    seed: int, index: int, rows: int, inner: int, width: int, p: float
+) -> tuple[Tensor, Tensor] | None:
+    """The inner (rows, H) and outer (rows, D) keep masks of chunk ``index``."""
+    if p == 0.0:
+        return None
+    generator = torch.Generator().manual_seed(seed + index)
+    cpu = torch.device("cpu")
+    return keep_mask((rows, inner), p, cpu, generator), keep_mask((rows, width), p, cpu, generator)
+
+
+class _GeluFFN(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        w1: Tensor,
+        b1: Tensor,
+        w2: Tensor,
+        b2: Tensor,
+        p: float,
+        seed: int,
+        chunk_positions: int,
+    ) -> Tensor:
+        scale = keep_scale(p) if p > 0.0 else 1.0
+        out = torch.empty_like(x)
+        for index, start in enumerate(range(0, x.size(0), chunk_positions)):
+            rows = slice(start, start + chunk_positions)
+            x_c = x[rows]
+            masks = _masks(seed, index, x_c.size(0), w1.size(0), x.size(1), p)
+            hidden = F.gelu(torch.addmm(b1, x_c, w1.T))
+            if masks is not None:
+                hidden.mul_(masks[0]).mul_(scale)
+            mixed = torch.addmm(b2, hidden, w2.T)
+            if masks is not None:
+                mixed.mul_(masks[1]).mul_(scale)
+            torch.add(x_c, mixed, out=out[rows])
+        ctx.save_for_backward(x, w1, b1, w2)
+        ctx.p, ctx.seed, ctx.chunk_positions = p, seed, chunk_positions
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, w1, b1, w2 = ctx.saved_tensors
+        p, seed, chunk = ctx.p, ctx.seed, ctx.chunk_positions
+        scale = keep_scale(p) if p > 0.0 else 1.0
+        g_x = grad.clone(memory_format=torch.contiguous_format)  # the residual's share
+        g_w1, g_b1 = torch.zeros_like(w1), torch.zeros_like(b1)
+        g_w2, g_b2 = torch.zeros_like(w2), w2.new_zeros(w2.size(0))
+        for index, start in enumerate(range(0, x.size(0), chunk)):
+            rows = slice(start, start + chunk)
+            x_c, g_c = x[rows], grad[rows]
+            masks = _masks(seed, index, x_c.size(0), w1.size(0), x.size(1), p)
+            pre = torch.addmm(b1, x_c, w1.T)
+            hidden = F.gelu(pre)
+            g_mixed = g_c if masks is None else g_c.mul(masks[1]).mul_(scale)
+            if masks is not None:
+                hidden.mul_(masks[0]).mul_(scale)
+            g_w2.addmm_(g_mixed.T, hidden)
+            g_b2.add_(g_mixed.sum(0))
+            g_hidden = torch.mm(g_mixed, w2)
+            if masks is not None:
+                g_hidden.mul_(masks[0]).mul_(scale)
+            g_pre = torch.ops.aten.gelu_backward(g_hidden, pre)
+            g_w1.addmm_(g_pre.T, x_c)
+            g_b1.add_(g_pre.sum(0))
+            g_x[rows].addmm_(g_pre, w1)
+        return g_x, g_w1, g_b1, g_w2, g_b2, None, None, None
