@@ -1,4 +1,4 @@
-"""SASRec training and evaluation speed on ML-1M with the shipped configs, on this machine:
+r"""SASRec training and evaluation speed on ML-1M with the shipped configs, on this machine:
 ``bce`` is configs/ml-1m_sasrec.yaml (the paper's settings), ``ce`` configs/ml-1m_sasrec-ce.yaml
 (SASRec+); ``mamba`` (configs/ml-1m_mamba4rec.yaml, Mamba4Rec) on request.
 
@@ -11,6 +11,12 @@ batches (less padding, different batches).
 
     .venv/bin/python benchmarks/speed.py --data-dir ../shared/data
     .venv/bin/python benchmarks/speed.py --variants bce --batching random --parts 1 4 --threads 2
+    .venv/bin/python benchmarks/speed.py --epochs 0 --batching random --parts 1 \
+        --eval-batch-size 1024
+
+``--epochs 0`` measures the evaluation only (of the untrained model: the time does not depend
+on the weights); ``--eval-batch-size`` sets the users per evaluation chunk (default: the
+evaluator's own choice, ``eval.batch_size``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ def measure(
     data_dir: str | None,
     threads: int | None,
     batch_size: int | None = None,
+    eval_batch_size: int | None = None,
 ) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -73,11 +80,13 @@ def measure(
         seconds.append(stats.seconds)
         targets = stats.targets
     timed = seconds[1:] if len(seconds) > 1 else seconds  # the first epoch warms up
+    epoch_seconds = float(np.median(timed)) if timed else float("nan")
     evaluation = {}
     for protocol in ("full", "sampled"):
-        evaluate_model(model, data, EvalConfig(protocol=protocol))  # warm-up
+        eval_config = EvalConfig(protocol=protocol, batch_size=eval_batch_size)
+        evaluate_model(model, data, eval_config)  # warm-up
         start = time.perf_counter()
-        result = evaluate_model(model, data, EvalConfig(protocol=protocol))
+        result = evaluate_model(model, data, eval_config)
         evaluation[protocol] = (time.perf_counter() - start, result.num_users)
     return {
         "variant": variant,
@@ -85,10 +94,11 @@ def measure(
         "batch_parts": parts,
         "batch_size": trainer.config.train.batch_size,
         "threads": torch.get_num_threads(),
-        "epoch_seconds": float(np.median(timed)),
+        "epoch_seconds": epoch_seconds,
         "epoch_seconds_all": [round(s, 2) for s in seconds],
         "targets_per_epoch": targets,
-        "targets_per_second": targets / float(np.median(timed)),
+        "targets_per_second": targets / epoch_seconds if timed else float("nan"),
+        "eval_batch_size": eval_batch_size,
         "eval_full_seconds": evaluation["full"][0],
         "eval_sampled_seconds": evaluation["sampled"][0],
         "eval_users": evaluation["full"][1],
@@ -107,7 +117,15 @@ def main() -> None:
         default=[1, 4],
         help="train.batch_parts values measured with random batches",
     )
-    parser.add_argument("--epochs", type=int, default=3, help="epochs per variant (1st is warm-up)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="epochs per variant (1st is warm-up; 0: evaluation only)",
+    )
+    parser.add_argument(
+        "--eval-batch-size", type=int, default=None, help="users per evaluation chunk"
+    )
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
@@ -118,8 +136,9 @@ def main() -> None:
     if args.child:
         batching, parts = args.batching[0], args.parts[0]
         row = measure(
-            args.child, batching, parts, args.epochs, args.data_dir, args.threads, args.batch_size
-        )
+            args.child, batching, parts, args.epochs, args.data_dir, args.threads,
+            args.batch_size, args.eval_batch_size,
+        )  # fmt: skip
         print(json.dumps(row))
         return
     rows = []
@@ -138,13 +157,16 @@ def main() -> None:
                 command += ["--threads", str(args.threads)]
             if args.batch_size:
                 command += ["--batch-size", str(args.batch_size)]
+            if args.eval_batch_size:
+                command += ["--eval-batch-size", str(args.eval_batch_size)]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
     print(
         "\nML-1M, "
         + ", ".join(f"{name}: configs/{VARIANTS[name]}.yaml" for name in args.variants)
-        + f", {rows[0]['threads']} threads"
+        + f", {rows[0]['threads']} threads, users per evaluation chunk: "
+        + (str(args.eval_batch_size) if args.eval_batch_size else "the evaluator's default")
     )
     print(
         f"{'config':<6} {'batching':<15} {'batch':>5} {'parts':>5} {'s/epoch':>8} "

@@ -121,13 +121,16 @@ class EvalConfig:
     negative_sampling: NegativeSampling = "uniform"  # sampled protocol: how negatives are drawn
     filter_seen: bool = True  # remove the user's history from the ranking (full protocol)
     ks: tuple[int, ...] = (5, 10, 20)
-    batch_size: int = 1024  # users per evaluation chunk (bounds memory)
+    # Users per evaluation chunk. None: 1,024 on a GPU; on a CPU about 12,800 history
+    # positions' worth (64 users at max_seq_len 200, 256 at 50), whose activations stay in
+    # cache: ML-1M's full ranking took 1.1 s in chunks of 64 against 2.5 s in chunks of 1,024.
+    batch_size: int | None = None
     seed: int = 0  # sampled negatives are drawn from this seed
 
     def __post_init__(self) -> None:
         if not self.ks or min(self.ks) < 1:
             raise ConfigError(f"eval.ks must be positive integers, got {self.ks}")
-        if self.num_negatives < 1 or self.batch_size < 1:
+        if self.num_negatives < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ConfigError("eval.num_negatives and eval.batch_size must be >= 1")
 
 

@@ -93,6 +93,18 @@ class NegativeSampler:
         return torch.where(top.values.isfinite(), top.indices, PAD_ID)
 
 
+CPU_CHUNK_POSITIONS = 12800  # history positions per evaluation chunk on a CPU (see EvalConfig)
+
+
+def chunk_users(config: EvalConfig, max_seq_len: int, device: torch.device | str) -> int:
+    """Users per evaluation chunk: ``config.batch_size``, or the device's default."""
+    if config.batch_size is not None:
+        return config.batch_size
+    if torch.device(device).type != "cpu":
+        return 1024
+    return max(16, CPU_CHUNK_POSITIONS // max(max_seq_len, 1))
+
+
 def _chunks(lengths: npt.NDArray[np.int64], size: int) -> list[npt.NDArray[np.int64]]:
     order = np.argsort(lengths, kind="stable")
     return [order[i : i + size] for i in range(0, len(order), size)]
@@ -197,7 +209,7 @@ def evaluate_variants(
         sampler = NegativeSampler(all_sequences, num_items, weights, config.seed)
     ranks: list[npt.NDArray[np.int64]] = []
     histories = eval_set.histories
-    for chunk in _chunks(histories.lengths, config.batch_size):
+    for chunk in _chunks(histories.lengths, chunk_users(config, max_len, device)):
         input_ids = torch.from_numpy(left_padded(histories, chunk, max_len)).to(device)
         users = torch.from_numpy(eval_set.users[chunk]).to(device)
         targets = torch.from_numpy(eval_set.targets[chunk].astype(np.int64))

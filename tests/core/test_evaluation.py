@@ -13,10 +13,16 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import ModelOutput, SeqBatch
-from seqrec.config import EvalConfig
+from seqrec.config import ConfigError, EvalConfig
 from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, Sequences
-from seqrec.evaluation import NegativeSampler, evaluate, evaluate_variants, export_ranks
+from seqrec.evaluation import (
+    NegativeSampler,
+    chunk_users,
+    evaluate,
+    evaluate_variants,
+    export_ranks,
+)
 from seqrec.models.base import ModelConfig, ScoringRecommender
 
 N = 9
@@ -80,7 +86,19 @@ def test_metrics_and_flat_json_keys() -> None:
 
 
 def test_chunking_does_not_change_ranks() -> None:
-    assert run(EvalConfig(batch_size=1)).tolist() == run(EvalConfig(batch_size=3)).tolist()
+    expected = run(EvalConfig()).tolist()
+    assert run(EvalConfig(batch_size=1)).tolist() == expected
+    assert run(EvalConfig(batch_size=3)).tolist() == expected
+
+
+def test_chunk_size_follows_the_history_length_on_cpu_unless_set() -> None:
+    assert chunk_users(EvalConfig(), max_seq_len=200, device="cpu") == 64
+    assert chunk_users(EvalConfig(), max_seq_len=50, device="cpu") == 256
+    assert chunk_users(EvalConfig(), max_seq_len=100_000, device="cpu") == 16
+    assert chunk_users(EvalConfig(), max_seq_len=200, device="cuda") == 1024
+    assert chunk_users(EvalConfig(batch_size=7), max_seq_len=200, device="cpu") == 7
+    with pytest.raises(ConfigError, match="eval.batch_size"):
+        EvalConfig(batch_size=0)
 
 
 def test_sampled_negatives_are_unseen_unique_and_seeded() -> None:

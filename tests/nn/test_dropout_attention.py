@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import dropout, keep_mask
-from seqrec.nn.masks import attention_bias, attention_mask
+from seqrec.nn.masks import attention_bias, attention_mask, padding_bias
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])
@@ -102,3 +102,13 @@ def test_attention_takes_the_additive_mask_with_the_same_result() -> None:
     torch.testing.assert_close(from_bias, expected)
     torch.testing.assert_close(bias_weights, weights)
     torch.testing.assert_close(attention(q, k, v, bias), expected)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padding_bias_is_the_bool_mask_converted(causal: bool, dtype: torch.dtype) -> None:
+    real = torch.tensor([[True] * 7, [False] * 4 + [True] * 3, [False] * 7])
+    expected = attention_bias(attention_mask(real, causal=causal), dtype)
+    bias = padding_bias(real, causal=causal, dtype=dtype)
+    assert bias.dtype == dtype
+    assert torch.equal(bias, expected)

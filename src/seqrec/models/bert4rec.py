@@ -57,7 +57,7 @@ from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.attention import attention
 from seqrec.nn.dropout import Dropout
-from seqrec.nn.masks import attention_bias, attention_mask
+from seqrec.nn.masks import padding_bias
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,7 +228,7 @@ class BERT4Rec(ScoringRecommender):
         )
         x = self.emb_dropout(self.ln_emb(self.item_emb(input_ids) + self.pos_emb(positions)))
         real = input_ids != PAD_ID
-        mask = attention_bias(attention_mask(real, causal=False), x.dtype)  # (B, 1, L, L)
+        mask = padding_bias(real, causal=False, dtype=x.dtype)  # (B, 1, L, L)
         for index, block in enumerate(self.blocks):
             x = block(x, mask, last_only and index == len(self.blocks) - 1)
         return x[:, -1:] if last_only else x

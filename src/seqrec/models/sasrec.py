@@ -57,7 +57,7 @@ from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import Dropout
-from seqrec.nn.masks import attention_bias, attention_mask
+from seqrec.nn.masks import padding_bias
 
 DropoutPlacement = Literal["paper", "reference", "bert"]
 BlockLayout = Literal["pre_ln", "reference", "post_ln"]
@@ -378,7 +378,7 @@ class SASRec(ScoringRecommender):
         input_ids = input_ids[:, -self.config.max_seq_len :]
         x = self.embed(input_ids)
         real = input_ids != PAD_ID
-        mask = attention_bias(attention_mask(real, causal=True), x.dtype)  # (B, 1, L, L)
+        mask = padding_bias(real, causal=True, dtype=x.dtype)  # (B, 1, L, L)
         weights: list[Tensor] = []
         for index, block in enumerate(self.blocks):
             last = last_only and index == len(self.blocks) - 1

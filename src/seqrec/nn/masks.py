@@ -29,3 +29,24 @@ def attention_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """
     zero = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(mask, zero, float("-inf"))
+
+
+def padding_bias(real: Tensor, *, causal: bool, dtype: torch.dtype) -> Tensor:
+    """``attention_bias(attention_mask(real, causal=causal), dtype)``, (B, 1, L, L), built in
+    one pass instead of three bool masks and a conversion: the padded keys' -inf (B, 1, 1, L)
+    plus the future keys' -inf (L, L), then each padded query's own key set back to 0.
+
+    At inference (2 blocks, 200 items, 64 users) the masks and their conversion took about
+    a sixth of the time. Padded keys stay -inf rather than a large finite value: SDPA's CPU
+    kernel skips key blocks that are -inf throughout, which left padding makes common.
+    """
+    L = real.size(1)
+    padded_keys = torch.zeros(real.size(0), 1, 1, L, dtype=dtype, device=real.device)
+    padded_keys.masked_fill_(~real[:, None, None, :], float("-inf"))
+    future = torch.zeros(L, L, dtype=dtype, device=real.device)
+    if causal:
+        ahead = torch.ones(L, L, dtype=torch.bool, device=real.device).triu(1)
+        future.masked_fill_(ahead, float("-inf"))
+    bias = padded_keys + future
+    bias.diagonal(dim1=-2, dim2=-1).masked_fill_(~real[:, None, :], 0.0)  # padded: itself only
+    return bias
