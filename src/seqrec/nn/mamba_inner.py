@@ -115,8 +115,8 @@ class _Weights:
 
 @dataclass
 class _Grads:
-    """Weight gradients summed over the chunks, in ``_Weights``' layouts except two
-    transposes: dt_proj's is (R, C) and the conv's is summed per user first."""
+    """Weight gradients summed over the chunks, in ``_Weights``' layouts except dt_proj's,
+    kept transposed (R, C)."""
 
     in_proj: Tensor
     taps: Tensor
@@ -145,7 +145,7 @@ def _chunks(rows: int, length: int, chunk_positions: int) -> list[slice]:
     threads, as the kernels split a chunk's users between the threads."""
     threads = max(1, torch.get_num_threads())
     per_chunk = max(chunk_positions // max(length, 1), 1)
-    per_chunk = -(-per_chunk // threads) * threads if per_chunk > threads else threads
+    per_chunk = threads * -(-per_chunk // threads)  # a multiple of the threads
     return [slice(start, min(start + per_chunk, rows)) for start in range(0, rows, per_chunk)]
 
 
