@@ -156,3 +156,23 @@ def test_fused_block_refuses_what_it_cannot_compute() -> None:
         mamba_inner_numba(xz, torch.ones(1, 3, dtype=torch.bool), **params)
     with pytest.raises(ValueError, match="chunk_positions"):
         mamba_inner_numba(xz.float(), torch.ones(1, 3), **params, chunk_positions=0)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("chunk_positions", [1, 10**6], ids=["user-by-user", "one-chunk"])
+def test_newest_only_is_the_last_position_of_the_full_output(chunk_positions: int) -> None:
+    real = left_padded(3, 41, [41, 9, 1])
+    hidden = block_input(3, 41, 6, real)
+    params = block_params(10, 4, 2, 5, model=6)
+    full = mamba_inner_numba(hidden, real, **params, chunk_positions=chunk_positions)
+    with torch.no_grad():  # the scoring path: only the newest position is projected out
+        newest = mamba_inner_numba(
+            hidden, real, **params, chunk_positions=chunk_positions, newest_only=True
+        )
+    assert newest.shape == (3, 1, 6)
+    torch.testing.assert_close(newest, full[:, -1:].detach())
+    # With a gradient to compute, the same values, and the gradient flows.
+    with_grad = mamba_inner_numba(hidden, real, **params, newest_only=True)
+    torch.testing.assert_close(with_grad, newest)
+    (g_hidden,) = torch.autograd.grad(with_grad.sum(), [hidden])
+    assert g_hidden.abs().sum() > 0

@@ -172,8 +172,9 @@ class MambaBlock(nn.Module):
                 self.A_log,
                 self.D,
                 self.out_proj.weight,
+                newest_only=last_only,
             )
-            return (out[:, -1:] if last_only else out), None
+            return out, None
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E*D) each
         xs = xs.transpose(1, 2)  # (B, E*D, L)
         u = F.silu(self.conv1d(xs)[..., :L])  # causal: the output at t sees t-K+1..t

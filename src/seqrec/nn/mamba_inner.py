@@ -57,8 +57,11 @@ def mamba_inner_numba(
     D: Tensor,
     out_proj_weight: Tensor,
     chunk_positions: int = CHUNK_POSITIONS,
+    newest_only: bool = False,
 ) -> Tensor:
-    """(B, L, D) block input (zero at padded positions), real (B, L) -> (B, L, D) block output.
+    """(B, L, D) block input (zero at padded positions), real (B, L) -> (B, L, D) block output,
+    or (B, 1, D) for the newest position with ``newest_only`` (scoring: without a gradient
+    to compute, the gate and out-projection then run on that position alone).
     The weights are those of mamba-ssm's ``Mamba`` without biases in the projections:
     in_proj (2C, D), conv (C, 1, K) and (C,), x_proj (R + 2N, C), dt_proj (C, R) and (C,),
     A_log (C, N), D (C,), out_proj (D, C). The batch is processed about ``chunk_positions``
@@ -68,22 +71,18 @@ def mamba_inner_numba(
     if chunk_positions < 1:
         raise ValueError(f"chunk_positions must be >= 1, got {chunk_positions}")
     bias = conv_bias if conv_bias is not None else hidden.new_zeros(D.numel())
+    weights = [in_proj_weight, conv_weight, bias, x_proj_weight, dt_proj_weight, dt_proj_bias]
+    weights += [A_log, D, out_proj_weight]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in [hidden, *weights])
+    if newest_only and not needs_grad:
+        with torch.autocast("cpu", enabled=False):
+            contiguous = (hidden.contiguous(), real.to(hidden.dtype).contiguous())
+            return _newest_outputs(*contiguous, chunk_positions, *weights)
     with torch.autocast("cpu", enabled=False):  # the kernels take float32 only
         out: Tensor = _MambaInner.apply(  # type: ignore[no-untyped-call]
-            hidden.contiguous(),
-            real.to(hidden.dtype).contiguous(),
-            chunk_positions,
-            in_proj_weight,
-            conv_weight,
-            bias,
-            x_proj_weight,
-            dt_proj_weight,
-            dt_proj_bias,
-            A_log,
-            D,
-            out_proj_weight,
+            hidden.contiguous(), real.to(hidden.dtype).contiguous(), chunk_positions, *weights
         )
-    return out
+    return out[:, -1:] if newest_only else out
 
 
 @dataclass(frozen=True)
@@ -136,6 +135,51 @@ class _Grads:
         return _Grads(**{name: w.D.new_zeros(shape) for name, shape in shapes.items()})
 
 
+def _block_weights(
+    in_proj_weight: Tensor,
+    conv_weight: Tensor,
+    conv_bias: Tensor,
+    x_proj_weight: Tensor,
+    dt_proj_weight: Tensor,
+    dt_proj_bias: Tensor,
+    A_log: Tensor,
+    D: Tensor,
+    out_proj_weight: Tensor,
+) -> _Weights:
+    return _Weights(
+        in_proj=in_proj_weight,
+        taps=conv_weight[:, 0].T.contiguous(),
+        conv_bias=conv_bias,
+        x_proj=x_proj_weight,
+        dt_proj=dt_proj_weight,
+        dt_bias=dt_proj_bias,
+        At=(-torch.exp(A_log)).T.contiguous(),
+        D=D,
+        out_proj=out_proj_weight,
+    )
+
+
+def _segments(length: int) -> int:
+    """Segment states the scan keeps for a sequence of ``length`` steps."""
+    with numba_turn() as kernel:
+        return -(-length // kernel.SEGMENT)
+
+
+def _newest_outputs(hidden: Tensor, real: Tensor, chunk_positions: int, *weights: Tensor) -> Tensor:
+    """The block's (B, 1, D) output at the newest position, with no gradient: y and the
+    segment states are a chunk's scratch, and only the newest position is gated and
+    projected out."""
+    w = _block_weights(*weights)
+    rows, length, width = hidden.shape
+    out = hidden.new_empty(rows, 1, width)
+    for part in _chunks(rows, length, chunk_positions):
+        users = hidden[part]
+        y = users.new_empty(users.size(0), length, w.channels)
+        starts = users.new_empty(users.size(0), _segments(length), w.state, w.channels)
+        _forward_rows(w, users, real[part], y, starts, out[part])
+    return out
+
+
 def _flat(x: Tensor) -> Tensor:
     return x.reshape(-1, x.size(-1))
 
@@ -186,7 +230,8 @@ def _ssm_inputs(u: Tensor, w: _Weights) -> tuple[Tensor, Tensor, Tensor]:
 def _forward_rows(
     w: _Weights, hidden: Tensor, real: Tensor, y: Tensor, starts: Tensor, out: Tensor
 ) -> None:
-    """The block on some users: fills their y (B, L, C), segment states and output (B, L, D)."""
+    """The block on some users: fills their y (B, L, C), segment states and output, (B, L, D)
+    or (B, 1, D) for the newest position only."""
     rows, length, _ = hidden.shape
     xz = _in_proj(hidden, w)
     u = _conv_silu(xz, w, real, out=xz.new_empty(rows, length, w.channels))
@@ -195,6 +240,8 @@ def _forward_rows(
     last = xz.new_empty(rows, w.state, w.channels)
     with numba_turn() as kernel:
         kernel.scan_forward(*numpy_views(u, delta, w.At, B, C, w.D, y, starts, last))
+    if out.size(1) == 1 < length:  # the newest position only
+        xz, y, delta = xz[:, -1:], y[:, -1:], delta[:, -1:]
     gated = torch.mul(F.silu(xz[..., w.channels :], inplace=False), y, out=delta)
     torch.mm(_flat(gated), w.out_proj.T, out=_flat(out))
 
@@ -296,22 +343,13 @@ class _MambaInner(torch.autograd.Function):
         D: Tensor,
         out_proj_weight: Tensor,
     ) -> Tensor:
-        w = _Weights(
-            in_proj=in_proj_weight,
-            taps=conv_weight[:, 0].T.contiguous(),
-            conv_bias=conv_bias,
-            x_proj=x_proj_weight,
-            dt_proj=dt_proj_weight,
-            dt_bias=dt_proj_bias,
-            At=(-torch.exp(A_log)).T.contiguous(),
-            D=D,
-            out_proj=out_proj_weight,
-        )
+        w = _block_weights(
+            in_proj_weight, conv_weight, conv_bias, x_proj_weight, dt_proj_weight,
+            dt_proj_bias, A_log, D, out_proj_weight,
+        )  # fmt: skip
         rows, length, width = hidden.shape
-        with numba_turn() as kernel:
-            segments = -(-length // kernel.SEGMENT)
         y = hidden.new_empty(rows, length, w.channels)
-        starts = hidden.new_empty(rows, segments, w.state, w.channels)
+        starts = hidden.new_empty(rows, _segments(length), w.state, w.channels)
         out = hidden.new_empty(rows, length, width)
         for part in _chunks(rows, length, chunk_positions):
             _forward_rows(w, hidden[part], real[part], y[part], starts[part], out[part])
