@@ -177,6 +177,21 @@ def test_resume_with_a_different_config_is_refused(
     assert digest(run_dir) == before
 
 
+def test_resume_accepts_a_run_started_with_another_eval_chunk_size(
+    finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """eval.batch_size chunks the users and changes no rank: runs started when its default
+    was 1,024 resume under the newer default."""
+    config, run_dir = finished_run
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["eval"]["batch_size"] = 1024
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    results = json.loads((run_dir / "results.json").read_text())
+    assert main(["train", "--out", str(run_dir), "--resume"]) == 0, capsys.readouterr()
+    resumed = json.loads((run_dir / "results.json").read_text())
+    assert resumed == pytest.approx(results, abs=1e-9)
+
+
 def test_resume_refusal_names_only_the_differing_key(
     finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -81,11 +81,15 @@ def _resolved(
     return loaded
 
 
-# Train settings a resumed run may change: they decide how long and where it trains, not what
-# it learns per epoch (``--resume --set train.max_epochs=400`` trains a finished run further).
-RESUME_FREE_TRAIN_FIELDS = frozenset(
-    {"max_epochs", "patience", "time_budget_minutes", "num_threads", "progress", "device"}
-)
+# Settings a resumed run may change: they decide how long and where it trains and how much
+# memory evaluation takes, not what it learns or measures (``--resume --set
+# train.max_epochs=400`` trains a finished run further; eval.batch_size only chunks the users).
+RESUME_FREE_FIELDS = {
+    "train": frozenset(
+        {"max_epochs", "patience", "time_budget_minutes", "num_threads", "progress", "device"}
+    ),
+    "eval": frozenset({"batch_size"}),
+}
 
 
 def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, Any]) -> None:
@@ -95,7 +99,7 @@ def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, A
         # A field added to seqrec after the run started is absent from its config.json; at its
         # default it changes nothing, so it is no reason to refuse the resume.
         defaults = _field_defaults(config, section)
-        free = RESUME_FREE_TRAIN_FIELDS if section == "train" else frozenset()
+        free = RESUME_FREE_FIELDS.get(section, frozenset())
         keys = sorted(
             k
             for k in set(theirs) | set(ours)
@@ -128,7 +132,7 @@ def _field_defaults(config: ExperimentConfig, section: str) -> dict[str, Any]:
 
 def config_for_resume(run_dir: Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """The experiment config a run directory was started with, with ``--set`` overrides
-    (only ``RESUME_FREE_TRAIN_FIELDS`` may differ when the run is resumed)."""
+    (only ``RESUME_FREE_FIELDS`` may differ when the run is resumed)."""
     raw = read_config(run_dir)
     raw = {k: raw[k] for k in ("data", "model", "train", "eval", "tokenizer") if k in raw}
     raw["model"] = {k: v for k, v in raw["model"].items() if k not in ("num_items", "num_users")}
