@@ -182,7 +182,7 @@ def test_resume_accepts_a_run_started_with_another_eval_chunk_size(
 ) -> None:
     """eval.batch_size chunks the users and changes no rank: runs started when its default
     was 1,024 resume under the newer default."""
-    config, run_dir = finished_run
+    _, run_dir = finished_run
     saved = json.loads((run_dir / "config.json").read_text())
     saved["eval"]["batch_size"] = 1024
     (run_dir / "config.json").write_text(json.dumps(saved))
