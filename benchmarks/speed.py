@@ -97,7 +97,7 @@ def measure(
         "epoch_seconds": epoch_seconds,
         "epoch_seconds_all": [round(s, 2) for s in seconds],
         "targets_per_epoch": targets,
-        "targets_per_second": targets / epoch_seconds if timed else float("nan"),
+        "targets_per_second": targets / epoch_seconds,  # nan without a timed epoch
         "eval_batch_size": eval_batch_size,
         "eval_full_seconds": evaluation["full"][0],
         "eval_sampled_seconds": evaluation["sampled"][0],

@@ -28,12 +28,12 @@ def reference(x: Tensor, params: list[Tensor], p: float, seed: int, chunk: int) 
     for index, start in enumerate(range(0, flat.size(0), chunk)):
         x_c = flat[start : start + chunk]
         hidden = F.gelu(x_c @ w1.T + b1)
-        mixed_masks = _masks(seed, index, x_c.size(0), INNER, WIDTH, p)
-        if mixed_masks is not None:
-            hidden = hidden * mixed_masks[0] * keep_scale(p)
+        inner, outer = _masks(seed, index, x_c.size(0), INNER, WIDTH, p)
+        if inner is not None:
+            hidden = hidden * inner * keep_scale(p)
         mixed = hidden @ w2.T + b2
-        if mixed_masks is not None:
-            mixed = mixed * mixed_masks[1] * keep_scale(p)
+        if outer is not None:
+            mixed = mixed * outer * keep_scale(p)
         parts.append(x_c + mixed)
     return torch.cat(parts).view_as(x)
 

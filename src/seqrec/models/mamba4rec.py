@@ -244,10 +244,9 @@ class FeedForward(nn.Module):
                 x, self.w_1.weight, self.w_1.bias, self.w_2.weight, self.w_2.bias,
                 self.dropout.p, self.training,
             )  # fmt: skip
-            fused: Tensor = self.norm(summed)
-            return fused
-        hidden = self.dropout(F.gelu(self.w_1(x)))
-        out: Tensor = self.norm(self.dropout(self.w_2(hidden)) + x)
+        else:
+            summed = self.dropout(self.w_2(self.dropout(F.gelu(self.w_1(x))))) + x
+        out: Tensor = self.norm(summed)
         return out
 
 

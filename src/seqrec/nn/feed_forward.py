@@ -16,6 +16,7 @@ CPU, float32, outside autocast: elsewhere the caller runs the operations themsel
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -56,15 +57,26 @@ def gelu_ffn_residual(
     return out.view_as(x)
 
 
+def _chunks(positions: int, chunk: int) -> Iterator[tuple[int, slice]]:
+    """(index, rows) of each chunk of ``chunk`` positions, the index seeding its masks."""
+    return enumerate(slice(start, start + chunk) for start in range(0, positions, chunk))
+
+
 def _masks(
     seed: int, index: int, rows: int, inner: int, width: int, p: float
-) -> tuple[Tensor, Tensor] | None:
-    """The inner (rows, H) and outer (rows, D) keep masks of chunk ``index``."""
+) -> tuple[Tensor | None, Tensor | None]:
+    """The inner (rows, H) and outer (rows, D) keep masks of chunk ``index``; None without
+    dropout."""
     if p == 0.0:
-        return None
+        return None, None
     generator = torch.Generator().manual_seed(seed + index)
     cpu = torch.device("cpu")
     return keep_mask((rows, inner), p, cpu, generator), keep_mask((rows, width), p, cpu, generator)
+
+
+def _drop_(x: Tensor, keep: Tensor | None, scale: float) -> Tensor:
+    """x * keep * scale in place (dropout with a drawn mask); x itself without a mask."""
+    return x if keep is None else x.mul_(keep).mul_(scale)
 
 
 class _GeluFFN(torch.autograd.Function):
@@ -82,43 +94,33 @@ class _GeluFFN(torch.autograd.Function):
     ) -> Tensor:
         scale = keep_scale(p) if p > 0.0 else 1.0
         out = torch.empty_like(x)
-        for index, start in enumerate(range(0, x.size(0), chunk_positions)):
-            rows = slice(start, start + chunk_positions)
+        for index, rows in _chunks(x.size(0), chunk_positions):
             x_c = x[rows]
-            masks = _masks(seed, index, x_c.size(0), w1.size(0), x.size(1), p)
-            hidden = F.gelu(torch.addmm(b1, x_c, w1.T))
-            if masks is not None:
-                hidden.mul_(masks[0]).mul_(scale)
-            mixed = torch.addmm(b2, hidden, w2.T)
-            if masks is not None:
-                mixed.mul_(masks[1]).mul_(scale)
+            inner, outer = _masks(seed, index, x_c.size(0), w1.size(0), x.size(1), p)
+            hidden = _drop_(F.gelu(torch.addmm(b1, x_c, w1.T)), inner, scale)
+            mixed = _drop_(torch.addmm(b2, hidden, w2.T), outer, scale)
             torch.add(x_c, mixed, out=out[rows])
         ctx.save_for_backward(x, w1, b1, w2)
-        ctx.p, ctx.seed, ctx.chunk_positions = p, seed, chunk_positions
+        ctx.p, ctx.scale, ctx.seed, ctx.chunk_positions = p, scale, seed, chunk_positions
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, w1, b1, w2 = ctx.saved_tensors
-        p, seed, chunk = ctx.p, ctx.seed, ctx.chunk_positions
-        scale = keep_scale(p) if p > 0.0 else 1.0
+        p, scale = ctx.p, ctx.scale
         g_x = grad.clone(memory_format=torch.contiguous_format)  # the residual's share
         g_w1, g_b1 = torch.zeros_like(w1), torch.zeros_like(b1)
         g_w2, g_b2 = torch.zeros_like(w2), w2.new_zeros(w2.size(0))
-        for index, start in enumerate(range(0, x.size(0), chunk)):
-            rows = slice(start, start + chunk)
-            x_c, g_c = x[rows], grad[rows]
-            masks = _masks(seed, index, x_c.size(0), w1.size(0), x.size(1), p)
+        for index, rows in _chunks(x.size(0), ctx.chunk_positions):
+            x_c = x[rows]
+            inner, outer = _masks(ctx.seed, index, x_c.size(0), w1.size(0), x.size(1), p)
             pre = torch.addmm(b1, x_c, w1.T)
-            hidden = F.gelu(pre)
-            g_mixed = g_c if masks is None else g_c.mul(masks[1]).mul_(scale)
-            if masks is not None:
-                hidden.mul_(masks[0]).mul_(scale)
+            hidden = _drop_(F.gelu(pre), inner, scale)  # as in the forward pass
+            g_out = grad[rows]  # not in place: the residual's share is read from it too
+            g_mixed = g_out if outer is None else g_out.mul(outer).mul_(scale)
             g_w2.addmm_(g_mixed.T, hidden)
             g_b2.add_(g_mixed.sum(0))
-            g_hidden = torch.mm(g_mixed, w2)
-            if masks is not None:
-                g_hidden.mul_(masks[0]).mul_(scale)
+            g_hidden = _drop_(torch.mm(g_mixed, w2), inner, scale)
             g_pre = torch.ops.aten.gelu_backward(g_hidden, pre)
             g_w1.addmm_(g_pre.T, x_c)
             g_b1.add_(g_pre.sum(0))

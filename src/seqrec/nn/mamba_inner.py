@@ -171,11 +171,12 @@ def _newest_outputs(hidden: Tensor, real: Tensor, chunk_positions: int, *weights
     projected out."""
     w = _block_weights(*weights)
     rows, length, width = hidden.shape
+    segments = _segments(length)
     out = hidden.new_empty(rows, 1, width)
     for part in _chunks(rows, length, chunk_positions):
         users = hidden[part]
         y = users.new_empty(users.size(0), length, w.channels)
-        starts = users.new_empty(users.size(0), _segments(length), w.state, w.channels)
+        starts = users.new_empty(users.size(0), segments, w.state, w.channels)
         _forward_rows(w, users, real[part], y, starts, out[part])
     return out
 
@@ -329,24 +330,10 @@ def _backward_rows(
 class _MambaInner(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any,
-        hidden: Tensor,
-        real: Tensor,
-        chunk_positions: int,
-        in_proj_weight: Tensor,
-        conv_weight: Tensor,
-        conv_bias: Tensor,
-        x_proj_weight: Tensor,
-        dt_proj_weight: Tensor,
-        dt_proj_bias: Tensor,
-        A_log: Tensor,
-        D: Tensor,
-        out_proj_weight: Tensor,
+        ctx: Any, hidden: Tensor, real: Tensor, chunk_positions: int, *weights: Tensor
     ) -> Tensor:
-        w = _block_weights(
-            in_proj_weight, conv_weight, conv_bias, x_proj_weight, dt_proj_weight,
-            dt_proj_bias, A_log, D, out_proj_weight,
-        )  # fmt: skip
+        """``weights``: those of ``_block_weights``, in its order."""
+        w = _block_weights(*weights)
         rows, length, width = hidden.shape
         y = hidden.new_empty(rows, length, w.channels)
         starts = hidden.new_empty(rows, _segments(length), w.state, w.channels)

@@ -25,7 +25,8 @@ def attention_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
     SDPA turns a bool mask into this form at every call; a model whose blocks share one mask
     converts it once. At long histories the conversion of a (B, 1, L, L) mask costs about as
-    much as the attention it serves.
+    much as the attention it serves. For a padding mask, ``padding_bias`` builds the same
+    bias directly; this conversion is its reference in the tests.
     """
     zero = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(mask, zero, float("-inf"))
@@ -37,8 +38,9 @@ def padding_bias(real: Tensor, *, causal: bool, dtype: torch.dtype) -> Tensor:
     plus the future keys' -inf (L, L), then each padded query's own key set back to 0.
 
     At inference (2 blocks, 200 items, 64 users) the masks and their conversion took about
-    a sixth of the time. Padded keys stay -inf rather than a large finite value: SDPA's CPU
-    kernel skips key blocks that are -inf throughout, which left padding makes common.
+    a sixth of the time. Padded keys stay -inf: with a large finite value instead, evaluation
+    measured slower (SDPA's CPU kernel appears to skip key blocks that are -inf throughout,
+    which left padding makes common).
     """
     L = real.size(1)
     padded_keys = torch.zeros(real.size(0), 1, 1, L, dtype=dtype, device=real.device)
