@@ -159,6 +159,27 @@ def test_bad_monitor_leaves_no_partial_run_directory(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("model", "pattern"),
+    [
+        ({"name": "sasrek"}, r"unknown model 'sasrek'; available: "),
+        ({"name": "sasrec", "hiden_size": 8}, r"unknown key\(s\) model\.hiden_size; valid model"),
+        ({"name": "mamba4rec", "loss": "bce"}, r"unknown key\(s\) model\.loss; valid model"),
+        ({"name": "gsasrec", "loss": "ce"}, r"model 'gsasrec' cannot use loss 'ce'; it supports"),
+    ],
+    ids=["name", "key", "loss-key", "loss"],
+)
+def test_model_section_is_checked_before_the_data_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model: dict[str, object], pattern: str
+) -> None:
+    raw = tiny_raw(data={"dataset": "file", "path": str(tmp_path / "absent.csv")}, model=model)
+    del raw["data"]["synthetic_users"], raw["data"]["synthetic_items"]
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
+    assert re.search(pattern, line), line
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------- run directory errors
 @pytest.mark.parametrize("command", ["evaluate", "recommend"])
 def test_missing_run_directory(

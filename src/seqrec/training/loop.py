@@ -29,7 +29,7 @@ from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import evaluate_model
 from seqrec.metrics import METRICS
-from seqrec.models.base import SequentialRecommender
+from seqrec.models.base import SequentialRecommender, build_model_config
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,10 @@ def check_train_config(config: ExperimentConfig) -> None:
             f"valid: {', '.join(names)}"
         )
     resolve_device(config.train.device)
+    # The model section too, before any data is read or downloaded: a typo in it should not
+    # wait for (or be hidden by) the data. The counts that come from the data are stand-ins
+    # here; no model's config check depends on them.
+    build_model_config(config.model, num_items=1, num_users=1)
 
 
 @dataclass
