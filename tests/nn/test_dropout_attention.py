@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from seqrec.nn import attention as attention_module
 from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import dropout, keep_mask
 from seqrec.nn.masks import attention_bias, attention_mask, padding_bias
@@ -73,6 +74,29 @@ def test_attention_with_dropout_is_the_reference_with_the_same_draws() -> None:
     torch.manual_seed(5)
     reference, _ = attention_reference(q, k, v, mask, dropout_p=0.3, training=True)
     torch.testing.assert_close(fast, reference)
+
+
+@pytest.mark.parametrize("chunk_weights", [1, 100, 1 << 18])  # 3 chunks, 2 chunks, 1 chunk
+@pytest.mark.parametrize("additive", [False, True])
+def test_attention_with_dropout_has_the_reference_gradients(
+    monkeypatch: pytest.MonkeyPatch, chunk_weights: int, additive: bool
+) -> None:
+    monkeypatch.setattr(attention_module, "_CHUNK_WEIGHTS", chunk_weights)
+    q, k, v, mask = _qkv(4)
+    if additive:
+        mask = attention_bias(mask, q.dtype)
+    upstream = torch.randn(3, 2, 7, 5, generator=torch.Generator().manual_seed(9))
+    results = []
+    for path in (attention_reference, attention):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(6)
+        out = path(*inputs, mask, dropout_p=0.4, training=True)
+        out = out[0] if isinstance(out, tuple) else out
+        (out * upstream).sum().backward()
+        results.append([out.detach(), *(t.grad for t in inputs)])
+    for fast, reference in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(fast, reference)
+    assert (results[1][1] != 0).any()
 
 
 def test_no_query_row_is_fully_masked() -> None:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqrec.nn.dropout import dropout
+from seqrec.nn.dropout import dropout, keep_mask, keep_scale
+from seqrec.nn.masks import attention_bias
+
+# Attention weights per chunk of the CPU dropout path: about 1 MiB of float32, so that a
+# chunk's logits, weights and their gradients stay in the core's cache between the passes.
+_CHUNK_WEIGHTS = 1 << 18
 
 
 def attention_reference(
@@ -31,11 +37,73 @@ def attention(
     """Same result as ``attention_reference`` (same dropout draws on CPU), faster.
 
     Without dropout this is SDPA's fused kernel. With dropout on CPU, SDPA draws a Bernoulli
-    per attention weight, which costs more than the attention itself; the explicit form with
-    ``seqrec.nn.dropout`` is about 1.4x faster there.
+    per attention weight, which costs more than the attention itself; float32 inputs take
+    ``_ChunkedDropoutAttention`` instead (BERT4Rec's ML-1M layer, 128 users x 2 heads x 200
+    items: about 2x faster forward + backward than the reference), and other dtypes (bf16
+    autocast) the reference with ``seqrec.nn.dropout``.
     """
     if dropout_p == 0.0 or not training:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    return attention_reference(q, k, v, mask, dropout_p, training)[0]
+    floats = all(t.dtype == torch.float32 for t in (q, k, v))
+    if not floats or torch.is_autocast_enabled("cpu"):
+        return attention_reference(q, k, v, mask, dropout_p, training)[0]
+    bias = attention_bias(mask, q.dtype) if mask.dtype == torch.bool else mask
+    out: Tensor = _ChunkedDropoutAttention.apply(q, k, v, bias, dropout_p)  # type: ignore[no-untyped-call]
+    return out
+
+
+def _chunks(rows: int, weights_per_row: int) -> list[slice]:
+    step = max(1, _CHUNK_WEIGHTS // weights_per_row)
+    return [slice(start, start + step) for start in range(0, rows, step)]
+
+
+class _ChunkedDropoutAttention(torch.autograd.Function):
+    """``attention_reference`` with dropout, a few batch rows at a time.
+
+    The reference makes about ten passes over the (B, H, L, L) weights (scale, mask,
+    softmax, dropout, and their gradients), each from memory at long histories. Here each
+    chunk's passes run while it is in cache; only the softmax weights and the drop mask are
+    kept for the backward pass. The dropout mask is drawn for the whole batch up front,
+    exactly as the reference draws it, and its 1 / (1 - p) scale is applied to V instead of
+    the weights (the same product, rounded differently). Q is scaled before Q K^T likewise.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, p: float) -> Tensor:
+        B, H, L, d = q.shape
+        scale = 1.0 / math.sqrt(d)
+        drop = ~keep_mask((B, H, L, L), p, q.device)
+        v_scaled = v * keep_scale(p)
+        weights = q.new_empty(B, H, L, L)
+        out = q.new_empty(B, H, L, v.size(-1))
+        for rows in _chunks(B, H * L * L):
+            chunk_bias = bias[rows] if bias.dim() == 4 and bias.size(0) > 1 else bias
+            logits = torch.matmul(q[rows] * scale, k[rows].transpose(-2, -1)).add_(chunk_bias)
+            torch.softmax(logits, dim=-1, out=weights[rows])
+            kept = weights[rows].masked_fill(drop[rows], 0.0)
+            torch.matmul(kept, v_scaled[rows], out=out[rows])
+        ctx.save_for_backward(q, k, v_scaled, weights, drop)
+        ctx.scales = (scale, keep_scale(p))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Any, ...]:
+        q, k, v_scaled, weights, drop = ctx.saved_tensors
+        scale, v_scale = ctx.scales
+        B, H, L, _ = weights.shape
+        grad_q, grad_k, grad_v = (
+            torch.empty_like(q),
+            torch.empty_like(k),
+            torch.empty_like(v_scaled),
+        )
+        for rows in _chunks(B, H * L * L):
+            w, dropped, g = weights[rows], drop[rows], grad_out[rows]
+            torch.matmul(w.masked_fill(dropped, 0.0).transpose(-2, -1), g, out=grad_v[rows])
+            grad_w = torch.matmul(g, v_scaled[rows].transpose(-2, -1)).masked_fill_(dropped, 0.0)
+            # softmax's backward: w * (grad_w - sum(grad_w * w)), times the logits' scale
+            grad_logits = grad_w.sub_((grad_w * w).sum(-1, keepdim=True)).mul_(w).mul_(scale)
+            torch.matmul(grad_logits, k[rows], out=grad_q[rows])
+            torch.matmul(grad_logits.transpose(-2, -1), q[rows], out=grad_k[rows])
+        return grad_q, grad_k, grad_v.mul_(v_scale), None, None
