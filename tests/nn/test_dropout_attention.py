@@ -99,6 +99,30 @@ def test_attention_with_dropout_has_the_reference_gradients(
     assert (results[1][1] != 0).any()
 
 
+def test_cross_attention_with_dropout_and_a_per_head_bias_matches_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """T5's case: 4 queries over 7 keys, a learned (1, H, Lq, Lk) bias with -inf, 2 users a
+    chunk: outputs and the gradients of q, k, v and the bias."""
+    monkeypatch.setattr(attention_module, "_CHUNK_WEIGHTS", 2 * 2 * 4 * 7)
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(5, 2, 4, 3, generator=g)
+    k, v = (torch.randn(5, 2, 7, 3, generator=g) for _ in range(2))
+    bias = torch.randn(1, 2, 4, 7, generator=g)
+    bias[..., :2] = float("-inf")
+    results = []
+    for path in (attention_reference, attention):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+        torch.manual_seed(8)
+        out = path(*inputs, dropout_p=0.25, training=True)
+        out = out[0] if isinstance(out, tuple) else out
+        (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
+        results.append([out.detach(), *(t.grad for t in inputs)])
+    for fast, reference in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(fast, reference)
+    assert torch.equal(results[1][2][..., :2, :], torch.zeros(5, 2, 2, 3))  # masked keys
+
+
 def test_no_query_row_is_fully_masked() -> None:
     real = torch.tensor([[False, False, True], [False, False, False]])
     mask = attention_mask(real, causal=True)

@@ -20,12 +20,13 @@ _CHUNK_WEIGHTS = 1 << 18
 def attention_reference(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0, training: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """softmax(Q K^T / sqrt(d)) V, returning the attention weights (B, H, L, L) too.
+    """softmax(Q K^T / sqrt(d)) V, returning the attention weights (B, H, Lq, Lk) too.
 
-    q, k, v: (B, H, L, D / H); mask: (B, 1, L, L), either bool (True = may attend) or its
+    q: (B, H, Lq, D / H), k, v: (B, H, Lk, D / H); mask: broadcastable to (B, H, Lq, Lk),
+    (B, 1, Lq, Lk) for a model's padding and causal masks, either bool (True = may attend) or its
     additive form (``seqrec.nn.masks.attention_bias``), as SDPA takes them.
     """
-    logits = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, L, L)
+    logits = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Lq, Lk)
     logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
     weights = logits.softmax(dim=-1)
     return dropout(weights, dropout_p, training) @ v, weights
@@ -72,38 +73,48 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, p: float) -> Tensor:
-        B, H, L, d = q.shape
+        B, H, queries, d = q.shape
+        keys = k.size(-2)
         scale = 1.0 / math.sqrt(d)
-        drop = ~keep_mask((B, H, L, L), p, q.device)
+        drop = ~keep_mask((B, H, queries, keys), p, q.device)
         v_scaled = v * keep_scale(p)
-        weights = q.new_empty(B, H, L, L)
-        out = q.new_empty(B, H, L, v.size(-1))
-        for rows in _chunks(B, H * L * L):
-            chunk_bias = bias[rows] if bias.dim() == 4 and bias.size(0) > 1 else bias
-            logits = torch.matmul(q[rows] * scale, k[rows].transpose(-2, -1)).add_(chunk_bias)
+        weights = q.new_empty(B, H, queries, keys)
+        out = q.new_empty(B, H, queries, v.size(-1))
+        for rows in _chunks(B, H * queries * keys):
+            logits = torch.matmul(q[rows] * scale, k[rows].transpose(-2, -1))
+            logits.add_(_bias_rows(bias, rows))
             torch.softmax(logits, dim=-1, out=weights[rows])
             kept = weights[rows].masked_fill(drop[rows], 0.0)
             torch.matmul(kept, v_scaled[rows], out=out[rows])
-        ctx.save_for_backward(q, k, v_scaled, weights, drop)
+        ctx.save_for_backward(q, k, v_scaled, bias, weights, drop)
         ctx.scales = (scale, keep_scale(p))
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Any, ...]:
-        q, k, v_scaled, weights, drop = ctx.saved_tensors
+        q, k, v_scaled, bias, weights, drop = ctx.saved_tensors
         scale, v_scale = ctx.scales
-        B, H, L, _ = weights.shape
-        grad_q, grad_k, grad_v = (
-            torch.empty_like(q),
-            torch.empty_like(k),
-            torch.empty_like(v_scaled),
-        )
-        for rows in _chunks(B, H * L * L):
+        B, H, queries, keys = weights.shape
+        grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v_scaled))
+        # A learned bias (T5's relative positions) gets the logits' gradient, summed over
+        # the dimensions it is broadcast along.
+        grad_bias = torch.zeros_like(bias) if ctx.needs_input_grad[3] else None
+        for rows in _chunks(B, H * queries * keys):
             w, dropped, g = weights[rows], drop[rows], grad_out[rows]
             torch.matmul(w.masked_fill(dropped, 0.0).transpose(-2, -1), g, out=grad_v[rows])
             grad_w = torch.matmul(g, v_scaled[rows].transpose(-2, -1)).masked_fill_(dropped, 0.0)
-            # softmax's backward: w * (grad_w - sum(grad_w * w)), times the logits' scale
-            grad_logits = grad_w.sub_((grad_w * w).sum(-1, keepdim=True)).mul_(w).mul_(scale)
+            # softmax's backward: w * (grad_w - sum(grad_w * w))
+            grad_logits = grad_w.sub_((grad_w * w).sum(-1, keepdim=True)).mul_(w)
+            if grad_bias is not None:
+                _bias_rows(grad_bias, rows).add_(
+                    grad_logits.sum_to_size(_bias_rows(bias, rows).shape)
+                )
+            grad_logits.mul_(scale)
             torch.matmul(grad_logits, k[rows], out=grad_q[rows])
             torch.matmul(grad_logits.transpose(-2, -1), q[rows], out=grad_k[rows])
-        return grad_q, grad_k, grad_v.mul_(v_scale), None, None
+        return grad_q, grad_k, grad_v.mul_(v_scale), grad_bias, None
+
+
+def _bias_rows(bias: Tensor, rows: slice) -> Tensor:
+    """The part of a bias broadcastable to (B, H, Lq, Lk) that applies to batch ``rows``."""
+    return bias[rows] if bias.dim() == 4 and bias.size(0) > 1 else bias

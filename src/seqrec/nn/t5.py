@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqrec.nn.attention import attention
+
 
 def relative_position_bucket(
     relative: Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int
@@ -104,11 +106,8 @@ class Attention(nn.Module):
         if keys is None:
             source = x if context is None else context
             keys = (self.heads(source, self.key), self.heads(source, self.value))
-        mixed = F.scaled_dot_product_attention(
-            self.heads(x, self.query),
-            *keys,
-            attn_mask=bias.to(x.dtype),
-            dropout_p=self.dropout if self.training else 0.0,
+        mixed = attention(
+            self.heads(x, self.query), *keys, bias.to(x.dtype), self.dropout, self.training
         )
         return self.out(mixed.transpose(1, 2).reshape(B, T, -1))
 
