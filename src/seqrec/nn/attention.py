@@ -40,7 +40,7 @@ def attention(
     Without dropout this is SDPA's fused kernel. With dropout on CPU, SDPA draws a Bernoulli
     per attention weight, which costs more than the attention itself; float32 inputs take
     ``_ChunkedDropoutAttention`` instead (BERT4Rec's ML-1M layer, 128 users x 2 heads x 200
-    items: about 2x faster forward + backward than the reference), and other dtypes (bf16
+    items: about 1.7x faster forward + backward than the reference), and other dtypes (bf16
     autocast) the reference with ``seqrec.nn.dropout``.
     """
     if dropout_p == 0.0 or not training:
