@@ -76,6 +76,26 @@ def test_attention_with_dropout_is_the_reference_with_the_same_draws() -> None:
     torch.testing.assert_close(fast, reference)
 
 
+def _assert_dropout_attention_matches_reference(
+    tensors: list[torch.Tensor], mask: torch.Tensor | None, p: float, seed: int
+) -> list[torch.Tensor]:
+    """Runs ``attention_reference`` and ``attention`` with dropout on fresh leaf copies of
+    ``tensors`` (q, k, v, and the bias when ``mask`` is None) under the same torch seed,
+    asserts equal outputs and gradients, and returns the fast path's [output, *gradients]."""
+    results = []
+    for path in (attention_reference, attention):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        masks = [] if mask is None else [mask]
+        torch.manual_seed(seed)
+        out = path(*inputs, *masks, dropout_p=p, training=True)
+        out = out[0] if isinstance(out, tuple) else out
+        (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
+        results.append([out.detach(), *(t.grad for t in inputs)])
+    for fast, reference in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(fast, reference)
+    return results[1]
+
+
 @pytest.mark.parametrize("chunk_weights", [1, 100, 1 << 18])  # 3 chunks, 2 chunks, 1 chunk
 @pytest.mark.parametrize("additive", [False, True])
 def test_attention_with_dropout_has_the_reference_gradients(
@@ -85,18 +105,8 @@ def test_attention_with_dropout_has_the_reference_gradients(
     q, k, v, mask = _qkv(4)
     if additive:
         mask = attention_bias(mask, q.dtype)
-    upstream = torch.randn(3, 2, 7, 5, generator=torch.Generator().manual_seed(9))
-    results = []
-    for path in (attention_reference, attention):
-        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-        torch.manual_seed(6)
-        out = path(*inputs, mask, dropout_p=0.4, training=True)
-        out = out[0] if isinstance(out, tuple) else out
-        (out * upstream).sum().backward()
-        results.append([out.detach(), *(t.grad for t in inputs)])
-    for fast, reference in zip(results[1], results[0], strict=True):
-        torch.testing.assert_close(fast, reference)
-    assert (results[1][1] != 0).any()
+    fast = _assert_dropout_attention_matches_reference([q, k, v], mask, p=0.4, seed=6)
+    assert (fast[1] != 0).any()
 
 
 def test_cross_attention_with_dropout_and_a_per_head_bias_matches_the_reference(
@@ -110,17 +120,8 @@ def test_cross_attention_with_dropout_and_a_per_head_bias_matches_the_reference(
     k, v = (torch.randn(5, 2, 7, 3, generator=g) for _ in range(2))
     bias = torch.randn(1, 2, 4, 7, generator=g)
     bias[..., :2] = float("-inf")
-    results = []
-    for path in (attention_reference, attention):
-        inputs = [t.clone().requires_grad_() for t in (q, k, v, bias)]
-        torch.manual_seed(8)
-        out = path(*inputs, dropout_p=0.25, training=True)
-        out = out[0] if isinstance(out, tuple) else out
-        (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
-        results.append([out.detach(), *(t.grad for t in inputs)])
-    for fast, reference in zip(results[1], results[0], strict=True):
-        torch.testing.assert_close(fast, reference)
-    assert torch.equal(results[1][2][..., :2, :], torch.zeros(5, 2, 2, 3))  # masked keys
+    fast = _assert_dropout_attention_matches_reference([q, k, v, bias], None, p=0.25, seed=8)
+    assert torch.equal(fast[2][..., :2, :], torch.zeros(5, 2, 2, 3))  # masked keys
 
 
 def test_no_query_row_is_fully_masked() -> None:

@@ -63,7 +63,7 @@ def _chunks(rows: int, weights_per_row: int) -> list[slice]:
 class _ChunkedDropoutAttention(torch.autograd.Function):
     """``attention_reference`` with dropout, a few batch rows at a time.
 
-    The reference makes about ten passes over the (B, H, L, L) weights (scale, mask,
+    The reference makes about ten passes over the (B, H, Lq, Lk) weights (scale, mask,
     softmax, dropout, and their gradients), each from memory at long histories. Here each
     chunk's passes run while it is in cache; only the softmax weights and the drop mask are
     kept for the backward pass. The dropout mask is drawn for the whole batch up front,
@@ -77,7 +77,8 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
         keys = k.size(-2)
         scale = 1.0 / math.sqrt(d)
         drop = ~keep_mask((B, H, queries, keys), p, q.device)
-        v_scaled = v * keep_scale(p)
+        v_scale = keep_scale(p)
+        v_scaled = v * v_scale
         weights = q.new_empty(B, H, queries, keys)
         out = q.new_empty(B, H, queries, v.size(-1))
         for rows in _chunks(B, H * queries * keys):
@@ -87,7 +88,7 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
             kept = weights[rows].masked_fill(drop[rows], 0.0)
             torch.matmul(kept, v_scaled[rows], out=out[rows])
         ctx.save_for_backward(q, k, v_scaled, bias, weights, drop)
-        ctx.scales = (scale, keep_scale(p))
+        ctx.scales = (scale, v_scale)
         return out
 
     @staticmethod
