@@ -136,7 +136,9 @@ def test_dropout_is_the_masked_scale_of_its_own_draws() -> None:
     y = dropout(x, 0.3, training=True)
     torch.manual_seed(2)
     keep = keep_mask(x.shape, 0.3, x.device)
-    torch.testing.assert_close(y, torch.where(keep, x / (1 - 19661 / 65536), 0.0))
+    assert keep.dtype == torch.uint8
+    assert set(keep.unique().tolist()) <= {0, 1}
+    torch.testing.assert_close(y, torch.where(keep.bool(), x / (1 - 19661 / 65536), 0.0))
 
 
 def test_attention_takes_the_additive_mask_with_the_same_result() -> None:

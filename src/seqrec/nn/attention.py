@@ -65,7 +65,7 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
 
     The reference makes about ten passes over the (B, H, Lq, Lk) weights (scale, mask,
     softmax, dropout, and their gradients), each from memory at long histories. Here each
-    chunk's passes run while it is in cache; only the softmax weights and the drop mask are
+    chunk's passes run while it is in cache; only the softmax weights and the keep mask are
     kept for the backward pass. The dropout mask is drawn for the whole batch up front,
     exactly as the reference draws it, and its 1 / (1 - p) scale is applied to V instead of
     the weights (the same product, rounded differently). Q is scaled before Q K^T likewise.
@@ -76,7 +76,7 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
         B, H, queries, d = q.shape
         keys = k.size(-2)
         scale = 1.0 / math.sqrt(d)
-        drop = ~keep_mask((B, H, queries, keys), p, q.device)
+        keep = keep_mask((B, H, queries, keys), p, q.device)
         v_scale = keep_scale(p)
         v_scaled = v * v_scale
         weights = q.new_empty(B, H, queries, keys)
@@ -85,15 +85,15 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
             logits = torch.matmul(q[rows] * scale, k[rows].transpose(-2, -1))
             logits.add_(_bias_rows(bias, rows))
             torch.softmax(logits, dim=-1, out=weights[rows])
-            kept = weights[rows].masked_fill(drop[rows], 0.0)
+            kept = weights[rows] * keep[rows]
             torch.matmul(kept, v_scaled[rows], out=out[rows])
-        ctx.save_for_backward(q, k, v_scaled, bias, weights, drop)
+        ctx.save_for_backward(q, k, v_scaled, bias, weights, keep)
         ctx.scales = (scale, v_scale)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Any, ...]:
-        q, k, v_scaled, bias, weights, drop = ctx.saved_tensors
+        q, k, v_scaled, bias, weights, keep = ctx.saved_tensors
         scale, v_scale = ctx.scales
         B, H, queries, keys = weights.shape
         grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v_scaled))
@@ -101,9 +101,9 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
         # the dimensions it is broadcast along.
         grad_bias = torch.zeros_like(bias) if ctx.needs_input_grad[3] else None
         for rows in _chunks(B, H * queries * keys):
-            w, dropped, g = weights[rows], drop[rows], grad_out[rows]
-            torch.matmul(w.masked_fill(dropped, 0.0).transpose(-2, -1), g, out=grad_v[rows])
-            grad_w = torch.matmul(g, v_scaled[rows].transpose(-2, -1)).masked_fill_(dropped, 0.0)
+            w, kept, g = weights[rows], keep[rows], grad_out[rows]
+            torch.matmul((w * kept).transpose(-2, -1), g, out=grad_v[rows])
+            grad_w = torch.matmul(g, v_scaled[rows].transpose(-2, -1)).mul_(kept)
             # softmax's backward: w * (grad_w - sum(grad_w * w))
             grad_logits = grad_w.sub_((grad_w * w).sum(-1, keepdim=True)).mul_(w)
             if grad_bias is not None:
