@@ -25,7 +25,9 @@ plan) and the compiled numba kernel ("numba", when installed), Mamba4Rec's incre
 ``seqrec.nn.mamba_inner``). Mamba4Rec itself runs with ``scan: auto``: the numba kernel,
 fused, when it is installed.
 
-Timings are medians; on a shared machine they move with the other load.
+Timings are medians of ``--repeats`` calls after a warm-up (the reference scan too, up to
+length 200; beyond, its O(L^2) backward is timed once); on a shared machine they move with
+the other load.
 
     .venv/bin/python benchmarks/backbone_scaling.py --quick
     .venv/bin/python benchmarks/backbone_scaling.py --threads 2 --out runs/backbone_scaling.json
@@ -176,7 +178,8 @@ def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> 
         with torch.no_grad():
             row[f"{name}_forward_s"] = timed(lambda scan=scan: scan(*args), repeats)
     if length <= reference_max:
-        row["reference_s"] = timed(run(selective_scan_reference), 1)
+        reference_repeats = repeats if length <= 200 else 1
+        row["reference_s"] = timed(run(selective_scan_reference), reference_repeats)
         for name in cpu_scans():
             row[f"{name}_speedup"] = row["reference_s"] / row[f"{name}_s"]
     print(json.dumps(row), file=sys.stderr, flush=True)

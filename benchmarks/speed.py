@@ -7,7 +7,9 @@ An epoch is one pass over every user's training sequence with the loss on every 
 (max RSS) is its own. Prints a table and one JSON line per variant and batching: random
 batches (the default, as the reference code trains), random batches trained in length-sorted
 parts (``train.batch_parts``; the same steps and gradients, less padding) and length-bucketed
-batches (less padding, different batches).
+batches (less padding, different batches). Beside the wall time of an epoch it reports the
+process's CPU time (user + system, all threads): on a machine shared with other jobs that one
+moves less with their load, so compare code versions by it there.
 
     .venv/bin/python benchmarks/speed.py --data-dir ../shared/data
     .venv/bin/python benchmarks/speed.py --variants bce --batching random --parts 1 4 --threads 2
@@ -70,17 +72,20 @@ def measure(
     trainer = Trainer(model, data, config)
     from seqrec.training.loop import epoch_seeds, train_one_epoch
 
-    seconds, targets = [], 0
+    seconds, cpu_seconds, targets = [], [], 0
     for epoch in range(1, epochs + 1):
         rng, seed = epoch_seeds(0, epoch)
         torch.manual_seed(seed)
+        cpu_start = time.process_time()
         stats = train_one_epoch(
             model, trainer.batches.steps(rng), trainer.optimizer, device=trainer.device
         )
+        cpu_seconds.append(time.process_time() - cpu_start)
         seconds.append(stats.seconds)
         targets = stats.targets
     timed = seconds[1:] if len(seconds) > 1 else seconds  # the first epoch warms up
     epoch_seconds = float(np.median(timed)) if timed else float("nan")
+    timed_cpu = cpu_seconds[1:] if len(cpu_seconds) > 1 else cpu_seconds
     evaluation = {}
     for protocol in ("full", "sampled"):
         eval_config = EvalConfig(protocol=protocol, batch_size=eval_batch_size)
@@ -96,6 +101,7 @@ def measure(
         "threads": torch.get_num_threads(),
         "epoch_seconds": epoch_seconds,
         "epoch_seconds_all": [round(s, 2) for s in seconds],
+        "epoch_cpu_seconds": float(np.median(timed_cpu)) if timed_cpu else float("nan"),
         "targets_per_epoch": targets,
         "targets_per_second": targets / epoch_seconds,  # nan without a timed epoch
         "eval_batch_size": eval_batch_size,
@@ -170,12 +176,13 @@ def main() -> None:
     )
     print(
         f"{'config':<6} {'batching':<15} {'batch':>5} {'parts':>5} {'s/epoch':>8} "
-        f"{'targets/s':>10} {'eval full s':>12} {'eval sampled s':>15} {'peak GiB':>9}"
+        f"{'CPU s/epoch':>12} {'targets/s':>10} {'eval full s':>12} {'eval sampled s':>15} "
+        f"{'peak GiB':>9}"
     )
     for r in rows:
         print(
             f"{r['variant']:<6} {r['batching']:<15} {r['batch_size']:>5} {r['batch_parts']:>5} "
-            f"{r['epoch_seconds']:>8.2f} "
+            f"{r['epoch_seconds']:>8.2f} {r['epoch_cpu_seconds']:>12.2f} "
             f"{r['targets_per_second']:>10,.0f} "
             f"{r['eval_full_seconds']:>12.2f} {r['eval_sampled_seconds']:>15.2f} "
             f"{r['peak_rss_gib']:>9.2f}"

@@ -247,13 +247,16 @@ def test_tre_bias_reaches_every_encoder_layer_once_per_sequence() -> None:
         model.tre.table.weight.normal_()
     calls: list[int] = []
     model.tre.register_forward_hook(lambda *_: calls.append(1))
-    biases: list[torch.Tensor] = []
+    biases: list[tuple[torch.Tensor, ...]] = []
     for layer in model.encoder:
         layer.register_forward_pre_hook(lambda _m, args: biases.append(args[1]))
     model.encode(histories(), None)
     assert len(calls) == 1
-    assert all(torch.equal(b, biases[0]) for b in biases)
-    assert biases[0].shape == (5, model.config.num_heads, 1 + 7 * 3, 1 + 7 * 3)
+    assert len(biases) == len(model.encoder)
+    assert all(b is biases[0] for b in biases)  # the positions, the padding and the TRE
+    tokens = 1 + 7 * 3
+    assert biases[0][-1].shape == (5, 1, tokens, tokens)  # one scalar per triple, all heads
+    assert sum(biases[0]).shape == (5, model.config.num_heads, tokens, tokens)
 
 
 @pytest.mark.parametrize(

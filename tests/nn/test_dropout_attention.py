@@ -124,6 +124,36 @@ def test_cross_attention_with_dropout_and_a_per_head_bias_matches_the_reference(
     assert torch.equal(fast[2][..., :2, :], torch.zeros(5, 2, 2, 3))  # masked keys
 
 
+@pytest.mark.parametrize("chunk_weights", [1, 2 * 2 * 4 * 7, 1 << 18])  # 5, 3, 1 chunks
+def test_bias_terms_act_as_their_sum_in_outputs_and_gradients(
+    monkeypatch: pytest.MonkeyPatch, chunk_weights: int
+) -> None:
+    """TIGER's encoder bias as terms: learned (1, H, Lq, Lk) positions, a (B, 1, 1, Lk)
+    padding mask and a learned per-user (B, 1, Lq, Lk) term, against their sum."""
+    monkeypatch.setattr(attention_module, "_CHUNK_WEIGHTS", chunk_weights)
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(5, 2, 4, 3, generator=g)
+    k, v = (torch.randn(5, 2, 7, 3, generator=g) for _ in range(2))
+    positions = torch.randn(1, 2, 4, 7, generator=g)
+    per_user = torch.randn(5, 1, 4, 7, generator=g)
+    padding = torch.zeros(5, 1, 1, 7)
+    padding[1, ..., :3] = float("-inf")
+    padding[3, ..., :6] = float("-inf")
+    outcomes = []
+    for as_terms, p in [(False, 0.25), (True, 0.25), (False, 0.0), (True, 0.0)]:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, positions, per_user)]
+        terms = (leaves[3], padding, leaves[4])
+        torch.manual_seed(9)
+        out = attention(*leaves[:3], terms if as_terms else sum(terms[1:], terms[0]), p, True)
+        (out * torch.arange(out.numel()).view_as(out).cos()).sum().backward()
+        outcomes.append([out.detach(), *(t.grad for t in leaves)])
+    for summed, as_terms in (outcomes[:2], outcomes[2:]):
+        for expected, actual in zip(summed, as_terms, strict=True):
+            torch.testing.assert_close(actual, expected)
+    assert (outcomes[1][4] != 0).any()  # the positions learn
+    assert torch.equal(outcomes[1][5][3, 0, :, :6], torch.zeros(4, 6))  # not through -inf
+
+
 def test_no_query_row_is_fully_masked() -> None:
     real = torch.tensor([[False, False, True], [False, False, False]])
     mask = attention_mask(real, causal=True)

@@ -235,11 +235,11 @@ class TIGER(SequentialRecommender):
             prefix = 1
         T = x.size(1)
         allowed = real[:, None, :] | torch.eye(T, dtype=torch.bool, device=x.device)
-        bias = self.encoder_positions(T, T) + torch.zeros_like(allowed, dtype=x.dtype).masked_fill(
-            ~allowed, float("-inf")
-        ).unsqueeze(1)
+        padding = torch.zeros_like(allowed, dtype=x.dtype).masked_fill(~allowed, float("-inf"))
+        # Additive terms, summed by the attention a chunk at a time (seqrec.nn.attention)
+        bias: tuple[Tensor, ...] = (self.encoder_positions(T, T), padding.unsqueeze(1))
         if self.tre is not None:
-            bias = bias + self.tre(codes, real_items, prefix_tokens=prefix)
+            bias = (*bias, self.tre(codes, real_items, prefix_tokens=prefix))
         x = self.dropout(x)
         for layer in self.encoder:
             x = layer(x, bias)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqrec.nn.attention import attention
+from seqrec.nn.attention import Bias, attention
 
 
 def relative_position_bucket(
@@ -93,22 +93,22 @@ class Attention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        bias: Tensor,
+        bias: Bias,
         context: Tensor | None = None,
         keys: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """x (B, Tq, D) attends to ``context`` (B, Tk, D) (itself when None), or to
         precomputed ``keys`` = (K, V) each (B, H, Tk, head_size).
 
-        bias: additive logits broadcastable to (B, H, Tq, Tk); -inf where not allowed.
+        bias: additive logits broadcastable to (B, H, Tq, Tk), -inf where not allowed, or a
+        tuple of such terms that add up to them.
         """
         B, T, _ = x.shape
         if keys is None:
             source = x if context is None else context
             keys = (self.heads(source, self.key), self.heads(source, self.value))
-        mixed = attention(
-            self.heads(x, self.query), *keys, bias.to(x.dtype), self.dropout, self.training
-        )
+        terms = tuple(t.to(x.dtype) for t in bias) if isinstance(bias, tuple) else bias.to(x.dtype)
+        mixed = attention(self.heads(x, self.query), *keys, terms, self.dropout, self.training)
         return self.out(mixed.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -134,7 +134,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(hidden_size, ffn_size, dropout)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+    def forward(self, x: Tensor, bias: Bias) -> Tensor:
         x = x + self.dropout(self.attention(self.attention_norm(x), bias))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
