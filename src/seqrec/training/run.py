@@ -55,7 +55,7 @@ from seqrec.training.loop import (
     resolve_device,
     seed_everything,
 )
-from seqrec.training.semantic_ids import semantic_ids_for_run
+from seqrec.training.semantic_ids import RunSemanticIds, semantic_ids_for_run
 from seqrec.training.tensorboard import tensorboard_callback
 
 logger = logging.getLogger(__name__)
@@ -196,6 +196,28 @@ def _with_codebook_sizes(config: ModelConfig, sizes: tuple[int, ...]) -> ModelCo
     return dataclasses.replace(config, codebook_sizes=tuple(sizes))  # type: ignore[call-arg]
 
 
+def model_for_data(
+    config: ExperimentConfig,
+    data: PreparedData,
+    data_dir: str | Path | None,
+    run_dir: Path,
+    resume: bool,
+) -> tuple[SequentialRecommender, RunSemanticIds | None]:
+    """The untrained model of ``config`` for ``data``, and its semantic IDs when it uses them
+    (the run's own when it resumes, else another run's or fitted here)."""
+    model_config = build_model_config(
+        config.model, num_items=data.num_items, num_users=data.num_users
+    )
+    semantic_ids = None
+    if model_config.uses_semantic_ids:
+        semantic_ids = semantic_ids_for_run(config.tokenizer, data, data_dir, run_dir, resume)
+        model_config = _with_codebook_sizes(model_config, semantic_ids.ids.codebook_sizes)
+    model = build_model(model_config)
+    if semantic_ids is not None:
+        model.set_semantic_ids(torch.from_numpy(semantic_ids.ids.codes))
+    return model, semantic_ids
+
+
 def train_experiment(
     config: ExperimentConfig,
     run_dir: Path,
@@ -213,16 +235,7 @@ def train_experiment(
     check_train_config(config)  # before anything is written to run_dir
     data = prepare(config.data, data_dir)
     seed_everything(config.train.seed)
-    model_config = build_model_config(
-        config.model, num_items=data.num_items, num_users=data.num_users
-    )
-    semantic_ids = None
-    if model_config.uses_semantic_ids:
-        semantic_ids = semantic_ids_for_run(config.tokenizer, data, data_dir, run_dir, started)
-        model_config = _with_codebook_sizes(model_config, semantic_ids.ids.codebook_sizes)
-    model = build_model(model_config)
-    if semantic_ids is not None:
-        model.set_semantic_ids(torch.from_numpy(semantic_ids.ids.codes))
+    model, semantic_ids = model_for_data(config, data, data_dir, run_dir, started)
     resolved = _resolved(config, model, data)
     if started:
         _check_resume(run_dir, config, resolved)
