@@ -107,12 +107,16 @@ def test_overfits_one_batch(name: str, batch: SeqBatch) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     first = model(batch).loss.item()
+    losses = []
     for _ in range(150):
         loss = model(batch).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    assert loss.item() < 0.25 * first, (first, loss.item())
+        losses.append(loss.item())
+    # The mean of the last steps: one step's loss is one dropout draw, and spikes
+    recent = sum(losses[-10:]) / 10
+    assert recent < 0.25 * first, (first, losses[-10:])
 
 
 def test_unknown_model_name_lists_alternatives() -> None:
