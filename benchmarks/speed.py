@@ -39,6 +39,14 @@ VARIANTS = {"bce": "ml-1m_sasrec", "ce": "ml-1m_sasrec-ce", "mamba": "ml-1m_mamb
 BATCHING = ("random", "length_buckets")  # train.batching
 
 
+def median_after_warmup(per_epoch: list[float]) -> float:
+    """The median over the epochs after the first (which warms up); nan without any."""
+    import numpy as np
+
+    timed = per_epoch[1:] if len(per_epoch) > 1 else per_epoch
+    return float(np.median(timed)) if timed else float("nan")
+
+
 def measure(
     variant: str,
     batching: str,
@@ -49,7 +57,6 @@ def measure(
     batch_size: int | None = None,
     eval_batch_size: int | None = None,
 ) -> dict[str, Any]:
-    import numpy as np
     import torch
 
     from seqrec.config import DataConfig, EvalConfig, experiment_from_raw, load_raw
@@ -83,9 +90,7 @@ def measure(
         cpu_seconds.append(time.process_time() - cpu_start)
         seconds.append(stats.seconds)
         targets = stats.targets
-    timed = seconds[1:] if len(seconds) > 1 else seconds  # the first epoch warms up
-    epoch_seconds = float(np.median(timed)) if timed else float("nan")
-    timed_cpu = cpu_seconds[1:] if len(cpu_seconds) > 1 else cpu_seconds
+    epoch_seconds = median_after_warmup(seconds)
     evaluation = {}
     for protocol in ("full", "sampled"):
         eval_config = EvalConfig(protocol=protocol, batch_size=eval_batch_size)
@@ -101,7 +106,7 @@ def measure(
         "threads": torch.get_num_threads(),
         "epoch_seconds": epoch_seconds,
         "epoch_seconds_all": [round(s, 2) for s in seconds],
-        "epoch_cpu_seconds": float(np.median(timed_cpu)) if timed_cpu else float("nan"),
+        "epoch_cpu_seconds": median_after_warmup(cpu_seconds),
         "targets_per_epoch": targets,
         "targets_per_second": targets / epoch_seconds,  # nan without a timed epoch
         "eval_batch_size": eval_batch_size,
