@@ -5,6 +5,8 @@ The issue's target is a stage-2 epoch at most 3x a stage-1 epoch. Both stages tr
 ``--steps`` optimizer steps of epoch 1 (random batches of the shipped configs, each trained
 in ``--parts`` length-sorted parts, as the README's runs), after ``--warmup`` untimed steps;
 stage 2 starts from the stage-1 model's weights. Seconds per step are projected to an epoch.
+The FLOPs of the products (the matmuls, most of the arithmetic) of one more step of each
+stage, on the same batch, show how much of the time ratio the arithmetic alone sets.
 
     .venv/bin/python benchmarks/recrec_stages.py --data-dir ../shared/data
     .venv/bin/python benchmarks/recrec_stages.py --datasets beauty ml-1m --threads 2
@@ -19,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.prepare import prepare
 from seqrec.data.sequences import PreparedData
 from seqrec.models import build_model, build_model_config
 from seqrec.models.base import SequentialRecommender
+from seqrec.nn.linear import ONEDNN_PRODUCT, product_flops
 from seqrec.training.loop import Trainer, epoch_seeds, train_one_epoch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def time_steps(
     model: SequentialRecommender, raw: dict[str, Any], data: PreparedData, steps: int, warmup: int
-) -> tuple[float, int, int]:
-    """(seconds per timed step, steps per epoch, targets in the timed steps)."""
+) -> tuple[float, int, int, int]:
+    """(seconds per timed step, steps per epoch, targets in the timed steps, FLOPs of the
+    products (matmuls) of the first timed step)."""
     config = experiment_from_raw({**raw, "train": {**raw["train"], "init_from": None}})
     trainer = Trainer(model, data, config)
     rng, seed = epoch_seeds(config.train.seed, 1)
@@ -43,7 +48,14 @@ def time_steps(
     train_one_epoch(model, itertools.islice(batches, warmup), trainer.optimizer, device=device)
     timed = list(itertools.islice(batches, steps))
     stats = train_one_epoch(model, timed, trainer.optimizer, device=device)
-    return stats.seconds / len(timed), len(trainer.batches), stats.targets
+    with FlopCounterMode(display=False, custom_mapping={ONEDNN_PRODUCT: product_flops}) as counter:
+        train_one_epoch(model, timed[:1], trainer.optimizer, device=device)
+    return (
+        stats.seconds / len(timed),
+        len(trainer.batches),
+        stats.targets,
+        counter.get_total_flops(),
+    )
 
 
 def measure(
@@ -65,13 +77,15 @@ def measure(
         if stage_1_weights is not None:
             missing = model.load_state_dict(stage_1_weights, strict=False).missing_keys
             assert all(key.startswith(("reasoner.", "gate.", "s0")) for key in missing), missing
-        per_step, steps_per_epoch, targets = time_steps(model, raw, data, steps, warmup)
+        per_step, steps_per_epoch, targets, flops = time_steps(model, raw, data, steps, warmup)
         stage_1_weights = model.state_dict()
         row[f"stage{stage}_step_seconds"] = round(per_step, 3)
         row[f"stage{stage}_epoch_seconds"] = round(per_step * steps_per_epoch, 1)
+        row[f"stage{stage}_step_gflop"] = round(flops / 1e9, 1)
         row["steps_per_epoch"] = steps_per_epoch
         row["timed_targets"] = targets
     row["ratio"] = round(row["stage2_step_seconds"] / row["stage1_step_seconds"], 2)
+    row["flop_ratio"] = round(row["stage2_step_gflop"] / row["stage1_step_gflop"], 2)
     return row
 
 
@@ -90,12 +104,17 @@ def main() -> None:
         measure(dataset, args.data_dir, args.steps, args.warmup, args.parts)
         for dataset in args.datasets
     ]
-    print("| dataset | threads | stage 1 s/epoch | stage 2 s/epoch | stage 2 / stage 1 |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| dataset | threads | stage 1 s/epoch | stage 2 s/epoch | stage 2 / stage 1 "
+        "| GFLOP per step, stage 1 / stage 2 | FLOP ratio |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row['dataset']} | {row['threads']} | {row['stage1_epoch_seconds']:.0f} "
-            f"| {row['stage2_epoch_seconds']:.0f} | {row['ratio']:.2f} |"
+            f"| {row['stage2_epoch_seconds']:.0f} | {row['ratio']:.2f} "
+            f"| {row['stage1_step_gflop']:.0f} / {row['stage2_step_gflop']:.0f} "
+            f"| {row['flop_ratio']:.2f} |"
         )
     for row in rows:
         print(json.dumps(row))

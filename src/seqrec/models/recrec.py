@@ -58,6 +58,7 @@ from seqrec.models.base import (
     register_model,
 )
 from seqrec.nn.dropout import Dropout
+from seqrec.nn.linear import Linear
 
 BackboneName = Literal["sasrec", "bert4rec"]
 Gate = Literal["gru", "gru_cell", "overwrite"]
@@ -452,9 +453,9 @@ class GroupAttention(nn.Module):
     def __init__(self, D: int, num_heads: int, bias: bool) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.q = nn.Linear(D, D, bias=bias)
-        self.kv = nn.Linear(D, 2 * D, bias=bias)
-        self.proj = nn.Linear(D, D, bias=bias)
+        self.q = Linear(D, D, bias=bias)
+        self.kv = Linear(D, 2 * D, bias=bias)
+        self.proj = Linear(D, D, bias=bias)
 
     def keys(self, x: Tensor) -> KeysValues:
         """(B, ..., T, D) -> keys and values (B, H, ..., T, D / H)."""
@@ -524,7 +525,7 @@ class CompressorLayer(nn.Module):
         self.ln_selfattn = nn.LayerNorm(D)
         self.selfattn = GroupAttention(D, config.attention_heads, bias=True)
         self.ln_ffn = nn.LayerNorm(D)
-        self.ffn = nn.Sequential(nn.Linear(D, inner), nn.GELU(), nn.Linear(inner, D))
+        self.ffn = nn.Sequential(Linear(D, inner), nn.GELU(), Linear(inner, D))
         self.dropout = Dropout(config.compressor_dropout)
 
     def forward(self, z: Tensor, keys: KeysValues, reads: Reads) -> Tensor:
@@ -570,9 +571,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, D: int, inner: int) -> None:
         super().__init__()
-        self.w1 = nn.Linear(D, inner, bias=False)
-        self.w3 = nn.Linear(D, inner, bias=False)
-        self.w2 = nn.Linear(inner, D, bias=False)
+        self.w1 = Linear(D, inner, bias=False)
+        self.w3 = Linear(D, inner, bias=False)
+        self.w2 = Linear(inner, D, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -627,7 +628,7 @@ class InterestGate(nn.Module):
         super().__init__()
         self.ln_update = nn.LayerNorm(D)
         self.ln_state = nn.LayerNorm(D)
-        self.update_gate = nn.Linear(2 * D, D)
+        self.update_gate = Linear(2 * D, D)
 
     def forward(self, update: Tensor, state: Tensor) -> Tensor:
         inputs = torch.cat([self.ln_update(update), self.ln_state(state)], dim=-1)
