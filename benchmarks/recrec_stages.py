@@ -10,6 +10,7 @@ stage, on the same batch, show how much of the time ratio the arithmetic alone s
 
     .venv/bin/python benchmarks/recrec_stages.py --data-dir ../shared/data
     .venv/bin/python benchmarks/recrec_stages.py --datasets beauty ml-1m --threads 2
+    .venv/bin/python benchmarks/recrec_stages.py --datasets ml-1m --set train.precision=bf16
 """
 
 from __future__ import annotations
@@ -17,19 +18,21 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from seqrec.batch import SeqBatch
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.prepare import prepare
 from seqrec.data.sequences import PreparedData
 from seqrec.models import build_model, build_model_config
 from seqrec.models.base import SequentialRecommender
 from seqrec.nn.linear import ONEDNN_PRODUCT, product_flops
-from seqrec.training.loop import Trainer, epoch_seeds, train_one_epoch
+from seqrec.training.loop import EpochStats, Trainer, epoch_seeds, train_one_epoch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,12 +47,22 @@ def time_steps(
     rng, seed = epoch_seeds(config.train.seed, 1)
     torch.manual_seed(seed)
     batches = trainer.batches.steps(rng)
-    device = trainer.device
-    train_one_epoch(model, itertools.islice(batches, warmup), trainer.optimizer, device=device)
+
+    def train(steps: Iterable[list[SeqBatch]]) -> EpochStats:  # as Trainer.fit does
+        return train_one_epoch(
+            model,
+            steps,
+            trainer.optimizer,
+            device=trainer.device,
+            grad_clip=config.train.grad_clip,
+            bf16=config.train.precision == "bf16",
+        )
+
+    train(itertools.islice(batches, warmup))
     timed = list(itertools.islice(batches, steps))
-    stats = train_one_epoch(model, timed, trainer.optimizer, device=device)
+    stats = train(timed)
     with FlopCounterMode(display=False, custom_mapping={ONEDNN_PRODUCT: product_flops}) as counter:
-        train_one_epoch(model, timed[:1], trainer.optimizer, device=device)
+        train(timed[:1])
     return (
         stats.seconds / len(timed),
         len(trainer.batches),
@@ -59,17 +72,23 @@ def time_steps(
 
 
 def measure(
-    dataset: str, data_dir: str | None, steps: int, warmup: int, parts: int
+    dataset: str,
+    data_dir: str | None,
+    steps: int,
+    warmup: int,
+    parts: int,
+    overrides: list[str],
 ) -> dict[str, Any]:
     raws = {
         stage: load_raw(
             REPO / "configs" / f"{dataset}_recrec-stage{stage}.yaml",
-            [f"train.batch_parts={parts}", "train.progress=false", "train.device=cpu"],
+            [f"train.batch_parts={parts}", "train.progress=false", "train.device=cpu", *overrides],
         )
         for stage in (1, 2)
     }
     data = prepare(experiment_from_raw(raws[1]).data, data_dir)  # the stages share their data
     row: dict[str, Any] = {"dataset": dataset, "threads": torch.get_num_threads(), "parts": parts}
+    row["set"] = overrides
     stage_1_weights = None
     for stage, raw in raws.items():
         torch.manual_seed(0)
@@ -96,12 +115,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per stage")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--parts", type=int, default=8, help="train.batch_parts")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for both stages, e.g. train.precision=bf16 (repeatable)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     rows = [
-        measure(dataset, args.data_dir, args.steps, args.warmup, args.parts)
+        measure(dataset, args.data_dir, args.steps, args.warmup, args.parts, args.set)
         for dataset in args.datasets
     ]
     print(
