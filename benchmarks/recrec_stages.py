@@ -18,21 +18,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from seqrec.batch import SeqBatch
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.prepare import prepare
 from seqrec.data.sequences import PreparedData
 from seqrec.models import build_model, build_model_config
 from seqrec.models.base import SequentialRecommender
 from seqrec.nn.linear import ONEDNN_PRODUCT, product_flops
-from seqrec.training.loop import EpochStats, Trainer, epoch_seeds, train_one_epoch
+from seqrec.training.loop import Trainer, epoch_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,22 +45,11 @@ def time_steps(
     rng, seed = epoch_seeds(config.train.seed, 1)
     torch.manual_seed(seed)
     batches = trainer.batches.steps(rng)
-
-    def train(steps: Iterable[list[SeqBatch]]) -> EpochStats:  # as Trainer.fit does
-        return train_one_epoch(
-            model,
-            steps,
-            trainer.optimizer,
-            device=trainer.device,
-            grad_clip=config.train.grad_clip,
-            bf16=config.train.precision == "bf16",
-        )
-
-    train(itertools.islice(batches, warmup))
+    trainer.train_steps(itertools.islice(batches, warmup))
     timed = list(itertools.islice(batches, steps))
-    stats = train(timed)
+    stats = trainer.train_steps(timed)
     with FlopCounterMode(display=False, custom_mapping={ONEDNN_PRODUCT: product_flops}) as counter:
-        train(timed[:1])
+        trainer.train_steps(timed[:1])
     return (
         stats.seconds / len(timed),
         len(trainer.batches),

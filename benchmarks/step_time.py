@@ -26,7 +26,7 @@ import torch
 
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.prepare import prepare
-from seqrec.training.loop import Trainer, epoch_seeds, seed_everything, train_one_epoch
+from seqrec.training.loop import Trainer, epoch_seeds, seed_everything
 from seqrec.training.run import model_for_data
 
 
@@ -52,14 +52,13 @@ def main() -> None:
     rng, seed = epoch_seeds(config.train.seed, 1)
     torch.manual_seed(seed)
     steps = trainer.batches.steps(rng)
-    bf16 = config.train.precision == "bf16"
     warmup = list(itertools.islice(steps, args.warmup))
     timed = list(itertools.islice(steps, args.steps))
     if len(timed) < args.steps:
         parser.error(f"an epoch has {args.warmup + len(timed)} steps; ask for fewer")
-    train_one_epoch(model, warmup, trainer.optimizer, device=trainer.device, bf16=bf16)
+    trainer.train_steps(warmup)
     wall, cpu = time.perf_counter(), time.process_time()
-    stats = train_one_epoch(model, timed, trainer.optimizer, device=trainer.device, bf16=bf16)
+    stats = trainer.train_steps(timed)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     row = {
         "config": str(args.config),

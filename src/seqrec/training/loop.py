@@ -298,6 +298,22 @@ class Trainer:
             return f"time budget of {budget:g} minutes reached"
         return None
 
+    def train_steps(
+        self, steps: Iterable[SeqBatch | list[SeqBatch]], progress: tqdm[Any] | None = None
+    ) -> EpochStats:
+        """``train_one_epoch`` over ``steps`` with this run's model, optimizer, device,
+        gradient clipping and precision."""
+        train = self.config.train
+        return train_one_epoch(
+            self.model,
+            steps,
+            self.optimizer,
+            device=self.device,
+            grad_clip=train.grad_clip,
+            bf16=train.precision == "bf16",
+            progress=progress,
+        )
+
     def fit(self) -> FitResult:
         train = self.config.train
         started = time.perf_counter()
@@ -313,15 +329,7 @@ class Trainer:
                 leave=False,
                 mininterval=1.0,
             ) as bar:
-                stats = train_one_epoch(
-                    self.model,
-                    self.batches.steps(numpy_rng),
-                    self.optimizer,
-                    device=self.device,
-                    grad_clip=train.grad_clip,
-                    bf16=train.precision == "bf16",
-                    progress=bar,
-                )
+                stats = self.train_steps(self.batches.steps(numpy_rng), progress=bar)
             validate = epoch % train.eval_every == 0 or epoch == train.max_epochs
             metrics = self.validate() if validate else None
             self.state.elapsed_seconds += time.perf_counter() - epoch_started
