@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from seqrec.nn.linear import _product
+from seqrec.nn.linear import onednn_product
 
 # (rows, in features, out features)
 SHAPES = [
@@ -37,15 +37,15 @@ def products(x: Tensor, weight: Tensor, grad: Tensor) -> dict[str, dict[str, Cal
     return {
         "forward X W^T": {
             "mkl": lambda: x @ weight.t(),
-            "onednn": lambda: _product(x, weight, None),
+            "onednn": lambda: onednn_product(x, weight, None),
         },
         "input grad dY W": {
             "mkl": lambda: grad @ weight,
-            "onednn": lambda: _product(grad, weight_t, None),
+            "onednn": lambda: onednn_product(grad, weight_t, None),
         },
         "weight grad dY^T X": {
             "mkl": lambda: grad.t() @ x,
-            "onednn": lambda: _product(grad.t(), x.t(), None),
+            "onednn": lambda: onednn_product(grad.t(), x.t(), None),
         },
     }
 

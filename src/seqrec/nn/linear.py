@@ -17,6 +17,7 @@ CPU, float32, outside autocast and with oneDNN present: elsewhere ``Linear`` is
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -24,24 +25,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-try:  # the op torch's compiler uses for CPU linear layers; absent from builds without oneDNN
-    ONEDNN_PRODUCT: Any = torch.ops.mkldnn._linear_pointwise
-except (AttributeError, RuntimeError):
-    ONEDNN_PRODUCT = None
+# The op torch's compiler uses for CPU linear layers; None in builds without oneDNN.
+ONEDNN_PRODUCT: Any = None
+if torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+    with contextlib.suppress(AttributeError, RuntimeError):
+        ONEDNN_PRODUCT = torch.ops.mkldnn._linear_pointwise
 
 
 def onednn_linear_applies(x: Tensor, weight: Tensor) -> bool:
     """Whether ``onednn_linear`` takes these tensors: float32 on CPU, no autocast, oneDNN."""
     cpu_float32 = all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (x, weight))
-    return (
-        cpu_float32
-        and not torch.is_autocast_enabled("cpu")
-        and ONEDNN_PRODUCT is not None
-        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
-    )
+    return cpu_float32 and not torch.is_autocast_enabled("cpu") and ONEDNN_PRODUCT is not None
 
 
-def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """(M, K) x (N, K)^T + (N,) -> (M, N) by oneDNN."""
     return ONEDNN_PRODUCT(x, weight, bias, "none", [], "")
 
@@ -55,6 +52,10 @@ def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     """``F.linear`` computed by oneDNN: (..., K), (N, K), (N,) -> (..., N)."""
     if not onednn_linear_applies(x, weight):
         raise ValueError("onednn_linear needs float32 CPU tensors outside autocast and oneDNN")
+    return _onednn_linear(x, weight, bias)
+
+
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     flat = x.reshape(-1, x.size(-1))
     out: Tensor = _OneDnnLinear.apply(flat, weight, bias)  # type: ignore[no-untyped-call]
     return out.view(*x.shape[:-1], weight.size(0))
@@ -65,7 +66,7 @@ class _OneDnnLinear(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _product(x, weight, bias)
+        return onednn_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -73,7 +74,7 @@ class _OneDnnLinear(torch.autograd.Function):
         grad = grad.contiguous()
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _product(grad, weight.t().contiguous(), None)  # dY W
+            grad_x = onednn_product(grad, weight.t().contiguous(), None)  # dY W
         if ctx.needs_input_grad[1]:
             grad_weight = grad.t() @ x  # dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -84,7 +85,7 @@ class _OneDnnLinear(torch.autograd.Function):
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``onednn_linear`` where that applies, else ``F.linear``."""
     if onednn_linear_applies(x, weight):
-        return onednn_linear(x, weight, bias)
+        return _onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
