@@ -14,6 +14,9 @@ continues where it stopped.
     .venv/bin/python benchmarks/sasrec_sweeps.py --data-dir ../shared/data          # many hours
     .venv/bin/python benchmarks/sasrec_sweeps.py --data-dir ../shared/data --quick  # minutes
 
+``--dims`` / ``--lengths`` train a subset (e.g. two processes, one per sweep); rows of every
+trained point are merged into the one sweeps.json and the tables show all of them.
+
 ``--quick`` trains 3 points (d 10 and 50 at n = 50, n = 10 at d = 50) for 2 epochs each: a
 check that the sweep runs end to end, not a reproduction.
 """
@@ -21,6 +24,7 @@ check that the sweep runs end to end, not a reproduction.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -46,11 +50,25 @@ PAPER_TABLE_V = {
 }
 
 
-def points(quick: bool) -> list[tuple[str, int, int]]:
+def points(
+    quick: bool, dims: list[int] | None = None, lengths: list[int] | None = None
+) -> list[tuple[str, int, int]]:
     """(sweep, d, n) for every training run; the shared point is trained once."""
     if quick:
         return [("d", 10, 50), ("d", 50, 50), ("n", 50, 10)]
-    return [("d", d, DEFAULT_N) for d in DIMS] + [("n", DEFAULT_D, n) for n in LENGTHS]
+    dims = list(DIMS) if dims is None else dims
+    lengths = list(LENGTHS) if lengths is None else lengths
+    return [("d", d, DEFAULT_N) for d in dims] + [("n", DEFAULT_D, n) for n in lengths]
+
+
+def merged_rows(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` plus the rows already in ``path`` for points this invocation did not train,
+    so that sweeps run as several processes (``--dims`` / ``--lengths``) share one file."""
+    if not path.exists():
+        return rows
+    ours = {(r["d"], r["n"]) for r in rows}
+    kept = [r for r in json.loads(path.read_text()) if (r["d"], r["n"]) not in ours]
+    return kept + rows
 
 
 def train_point(
@@ -134,6 +152,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 points, 2 epochs each")
     parser.add_argument("--max-epochs", type=int, default=None, help="cap epochs")
     parser.add_argument("--set", action="append", default=[], help="override a config key")
+    parser.add_argument(
+        "--dims", type=int, nargs="*", default=None, help=f"d values to train (default {DIMS})"
+    )
+    parser.add_argument(
+        "--lengths", type=int, nargs="*", default=None, help=f"n values (default {LENGTHS})"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     max_epochs = 2 if args.quick and args.max_epochs is None else args.max_epochs
@@ -141,15 +165,20 @@ def main() -> None:
     if max_epochs is not None:
         extra += [f"train.max_epochs={max_epochs}", f"train.patience={max_epochs}"]
     out = Path(args.out) / ("quick" if args.quick else "")
+    rows_path = out / "sweeps.json"
     rows: list[dict[str, Any]] = []
-    keys: dict[str, list[tuple[int, int]]] = {"d": [], "n": []}
     trained: set[tuple[int, int]] = set()
-    for sweep, d, n in points(args.quick):
-        keys[sweep].append((d, n))
+    for _, d, n in points(args.quick, args.dims, args.lengths):
         if (d, n) not in trained:
             rows += train_point(d, n, out, args.data_dir, extra)
             trained.add((d, n))
-            save_rows(rows, out / "sweeps.json")
+            save_rows(merged_rows(rows_path, rows), rows_path)
+    rows = merged_rows(rows_path, rows)
+    done = {(r["d"], r["n"]) for r in rows}
+    keys = {
+        sweep: [(d, n) for s, d, n in points(args.quick) if s == sweep and (d, n) in done]
+        for sweep in ("d", "n")
+    }
     print("\n## NDCG@10 vs hidden size d (SASRec paper Fig. 2), test\n")
     print(table(rows, "d", keys["d"]))
     print("\n## NDCG@10 and training time vs maximum length n (SASRec paper Table V), test\n")
