@@ -23,7 +23,14 @@ ATOL = 1e-5
 @pytest.mark.parametrize("alpha", [1.0, 0.3, 0.0])
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"num_heads": 1}, {"residual": False}, {"layout": "reference"}, {"layout": "post_ln"}],
+    [
+        {},
+        {"num_heads": 1},
+        {"residual": False},
+        {"layout": "reference"},
+        {"layout": "reference", "attention_projection": False},
+        {"layout": "post_ln"},
+    ],
     ids=str,
 )
 def test_components_sum_to_what_the_block_computed(

@@ -227,6 +227,33 @@ def test_reference_layout_is_kang205s_block(batch: SeqBatch) -> None:
     torch.testing.assert_close(hidden[real], expected[real])
 
 
+def test_gsasrec_ports_block_has_no_output_projection_and_a_linear_ffn(batch: SeqBatch) -> None:
+    """gSASRec's PyTorch port: the reference block with h = LN(x) + softmax(...) V (no W^O) and
+    FFN(n) = W2 (W1 n + b1) + b2 (no activation), written out by hand."""
+    model = build(
+        layout="reference", num_heads=1, attention_projection=False, activation="identity"
+    )
+    assert not any(".proj." in name for name, _ in model.named_parameters())
+    ids = batch.input_ids
+    real = ids != PAD_ID
+    D = CONFIG.hidden_size
+    x = model.item_emb(ids) * D**0.5 + model.pos_emb(torch.arange(L))  # type: ignore[misc]
+    x = x * real.unsqueeze(-1)
+    allowed = torch.tril(torch.ones(L, L, dtype=torch.bool)) & real[:, None, :]
+    for block in model.blocks:
+        q_in = block.ln_attn(x)
+        W, b = block.attn.qkv.weight, block.attn.qkv.bias
+        q = q_in @ W[:D].T + b[:D]
+        k = x @ W[D : 2 * D].T + b[D : 2 * D]
+        v = x @ W[2 * D :].T + b[2 * D :]
+        logits = (q @ k.transpose(1, 2) / D**0.5).masked_fill(~allowed, float("-inf"))
+        h = q_in + torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v
+        n = block.ln_ffn(h)
+        x = n + block.ffn.fc2(block.ffn.fc1(n))
+    hidden, _ = model.encode(ids)
+    torch.testing.assert_close(hidden[real], model.ln_f(x)[real])
+
+
 def test_post_ln_layout_is_recboles_encoder(batch: SeqBatch) -> None:
     """LN over item + position embeddings, then per block h = LN(x + Attn(x)),
     LN(h + FFN(h)) with GELU, and no LayerNorm after the last block, written out by hand."""

@@ -66,7 +66,7 @@ class Decomposition:
 def head_outputs(record: AttentionRecord) -> Tensor:
     """(B, H, L, D) f^h_j = v^h_j W_O^h: each head's value vectors through its slice of W_O."""
     H, dh = record.values.shape[1], record.values.shape[3]
-    weight = record.attn.proj.weight  # (D, H * dh); proj(y) = y @ weight.T + b_O
+    weight = record.attn.output_projection()[0]  # (D, H * dh); proj(y) = y @ weight.T + b_O
     per_head = weight.view(-1, H, dh).permute(1, 2, 0)  # (H, dh, D)
     return torch.einsum("bhjd,hde->bhje", record.values, per_head)
 
@@ -93,7 +93,7 @@ def decompose(record: AttentionRecord) -> Decomposition:
     scale = layer_norm_scale(record)  # (B, L)
     gamma, beta = record.ln.weight, record.ln.bias
     ln = _g(res, gamma, scale[:, :, None])
-    bias = record.attn.proj.bias
+    bias = record.attn.output_projection()[1]
     ln_bias = _g(bias.expand_as(record.pre_ln), gamma, scale)
     return Decomposition(attn, res, ln, bias, ln_bias, beta, scale)
 

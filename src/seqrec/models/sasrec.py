@@ -31,6 +31,9 @@ Differences from the reference implementation, all deliberate:
 - By default positions are counted from the newest item, which always gets position
   max_seq_len - 1, exactly as with the reference's left padding to max_seq_len.
 - The point-wise FFN uses nn.Linear where the reference uses a 1x1 Conv1d (same function).
+- The attention sublayer ends with an output projection W^O, as pmixer's port (whose
+  nn.MultiheadAttention has one); kang205's code has none: ``attention_projection: false``.
+  With one head W^V W^O is a reparametrisation of W^V, not a larger function class.
 - Analysis hooks (not in the reference): ``residual_scale`` (alpha) scales the attention
   sublayer's residual branch, x + Attn(LN(x)) -> alpha * x + Attn(LN(x)), at inference
   (Kozaki et al., RecSys 2026); ``encode(..., trace=[])`` appends one ``AttentionRecord`` per
@@ -44,6 +47,7 @@ Differences from the reference implementation, all deliberate:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -60,6 +64,11 @@ from seqrec.nn.dropout import Dropout
 from seqrec.nn.masks import padding_bias
 
 DropoutPlacement = Literal["paper", "reference", "bert"]
+FFN_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "identity": lambda x: x,
+}
 BlockLayout = Literal["pre_ln", "reference", "post_ln"]
 
 
@@ -79,7 +88,11 @@ class SASRecConfig(ItemLossConfig):
     # queries only and the residual taken from the normalised input (see the module doc);
     # "post_ln": LN(x + g(x)) per sublayer with LN on the input embeddings (RecBole).
     layout: BlockLayout = "pre_ln"
-    activation: Literal["relu", "gelu"] = "relu"  # the FFN's; RecBole uses GELU
+    # The FFN's; RecBole uses GELU; "identity" makes the FFN linear, as gSASRec's PyTorch port.
+    activation: Literal["relu", "gelu", "identity"] = "relu"
+    # The output projection W^O after the heads are concatenated, as pmixer's port (and
+    # nn.MultiheadAttention); kang205's code and gSASRec's port have none (False).
+    attention_projection: bool = True
     # Position 0 is the oldest item of the (up to max_seq_len) window ("oldest", SASRec+'s
     # right padding) or the newest item is always max_seq_len - 1 ("newest", the reference).
     position_origin: Literal["newest", "oldest"] = "newest"
@@ -122,7 +135,8 @@ class SelfAttention(nn.Module):
         self.num_heads = config.num_heads
         self.dropout = config.dropout if config.dropout_placement != "paper" else 0.0
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
-        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        D = config.hidden_size
+        self.proj: nn.Module = nn.Linear(D, D) if config.attention_projection else nn.Identity()
 
     def forward(
         self,
@@ -157,6 +171,15 @@ class SelfAttention(nn.Module):
             y = attention(q, k, v, mask, self.dropout, self.training)
         return self.proj(y.transpose(1, 2).reshape(B, -1, D)), weights
 
+    def output_projection(self) -> tuple[Tensor, Tensor]:
+        """(W_O (D, D), b_O (D,)) with proj(y) = y @ W_O.T + b_O; the identity and zeros when
+        the model has no output projection."""
+        if isinstance(self.proj, nn.Linear):
+            return self.proj.weight, self.proj.bias
+        weight = self.qkv.weight
+        D = weight.size(1)
+        return torch.eye(D, dtype=weight.dtype, device=weight.device), weight.new_zeros(D)
+
     def key_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, L, D) -> keys and values, each (B, L, D)."""
         D = x.size(-1)
@@ -165,8 +188,8 @@ class SelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """F_i = ReLU(S_i W1 + b1) W2 + b2 (GELU with ``activation: gelu``), the same weights at
-    every position."""
+    """F_i = ReLU(S_i W1 + b1) W2 + b2 (GELU or no activation with ``activation``), the same
+    weights at every position."""
 
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
@@ -176,7 +199,7 @@ class FeedForward(nn.Module):
         # The reference code drops after each layer; the paper drops the sublayer output.
         p = config.dropout if config.dropout_placement == "reference" else 0.0
         self.dropout = Dropout(p)
-        self.activation = F.gelu if config.activation == "gelu" else F.relu
+        self.activation = FFN_ACTIVATIONS[config.activation]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(x)))))
