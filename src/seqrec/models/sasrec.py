@@ -64,12 +64,12 @@ from seqrec.nn.dropout import Dropout
 from seqrec.nn.masks import padding_bias
 
 DropoutPlacement = Literal["paper", "reference", "bert"]
+BlockLayout = Literal["pre_ln", "reference", "post_ln"]
 FFN_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "identity": lambda x: x,
 }
-BlockLayout = Literal["pre_ln", "reference", "post_ln"]
 
 
 @dataclass(frozen=True, kw_only=True)
