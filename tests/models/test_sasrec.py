@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.models.sasrec import SASRec, SASRecConfig
@@ -202,10 +204,11 @@ def test_init_std_draws_every_matrix_from_that_normal() -> None:
     assert float(model.item_emb.weight[PAD_ID].detach().abs().sum()) == 0.0
 
 
-def test_reference_layout_is_kang205s_block(batch: SeqBatch) -> None:
-    """h = LN(x) + Attn(q = LN(x), k = v = x), then LN(h) + FFN(LN(h)), written out by hand."""
-    model = build(layout="reference", num_heads=1)
-    ids = batch.input_ids
+def reference_layout_by_hand(
+    model: SASRec, ids: torch.Tensor, project: bool, activate: Callable[[Tensor], Tensor]
+) -> torch.Tensor:
+    """kang205's blocks written out: h = LN(x) + Attn(q = LN(x), k = v = x) with W^O when
+    ``project``, then LN(h) + FFN(LN(h)) with ``activate`` between the FFN's layers."""
     real = ids != PAD_ID
     D = CONFIG.hidden_size
     x = model.item_emb(ids) * D**0.5 + model.pos_emb(torch.arange(L))  # type: ignore[misc]
@@ -218,40 +221,34 @@ def test_reference_layout_is_kang205s_block(batch: SeqBatch) -> None:
         k = x @ W[D : 2 * D].T + b[D : 2 * D]
         v = x @ W[2 * D :].T + b[2 * D :]
         logits = (q @ k.transpose(1, 2) / D**0.5).masked_fill(~allowed, float("-inf"))
-        weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)
-        h = q_in + block.attn.proj(weights @ v)
+        attended = torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v
+        h = q_in + (block.attn.proj(attended) if project else attended)
         n = block.ln_ffn(h)
-        x = n + block.ffn.fc2(torch.relu(block.ffn.fc1(n)))
-    expected = model.ln_f(x)
+        x = n + block.ffn.fc2(activate(block.ffn.fc1(n)))
+    return model.ln_f(x)
+
+
+def test_reference_layout_is_kang205s_block(batch: SeqBatch) -> None:
+    model = build(layout="reference", num_heads=1)
+    ids = batch.input_ids
+    real = ids != PAD_ID
+    expected = reference_layout_by_hand(model, ids, project=True, activate=torch.relu)
     hidden, _ = model.encode(ids)
     torch.testing.assert_close(hidden[real], expected[real])
 
 
 def test_gsasrec_ports_block_has_no_output_projection_and_a_linear_ffn(batch: SeqBatch) -> None:
-    """gSASRec's PyTorch port: the reference block with h = LN(x) + softmax(...) V (no W^O) and
-    FFN(n) = W2 (W1 n + b1) + b2 (no activation), written out by hand."""
+    """gSASRec's PyTorch port: the reference block without W^O and with a linear FFN,
+    FFN(n) = W2 (W1 n + b1) + b2."""
     model = build(
         layout="reference", num_heads=1, attention_projection=False, activation="identity"
     )
     assert not any(".proj." in name for name, _ in model.named_parameters())
     ids = batch.input_ids
     real = ids != PAD_ID
-    D = CONFIG.hidden_size
-    x = model.item_emb(ids) * D**0.5 + model.pos_emb(torch.arange(L))  # type: ignore[misc]
-    x = x * real.unsqueeze(-1)
-    allowed = torch.tril(torch.ones(L, L, dtype=torch.bool)) & real[:, None, :]
-    for block in model.blocks:
-        q_in = block.ln_attn(x)
-        W, b = block.attn.qkv.weight, block.attn.qkv.bias
-        q = q_in @ W[:D].T + b[:D]
-        k = x @ W[D : 2 * D].T + b[D : 2 * D]
-        v = x @ W[2 * D :].T + b[2 * D :]
-        logits = (q @ k.transpose(1, 2) / D**0.5).masked_fill(~allowed, float("-inf"))
-        h = q_in + torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v
-        n = block.ln_ffn(h)
-        x = n + block.ffn.fc2(block.ffn.fc1(n))
+    expected = reference_layout_by_hand(model, ids, project=False, activate=lambda t: t)
     hidden, _ = model.encode(ids)
-    torch.testing.assert_close(hidden[real], model.ln_f(x)[real])
+    torch.testing.assert_close(hidden[real], expected[real])
 
 
 def test_post_ln_layout_is_recboles_encoder(batch: SeqBatch) -> None:
