@@ -31,6 +31,7 @@ from seqrec.evaluation import evaluate_model
 from seqrec.metrics import METRICS
 from seqrec.models.base import SequentialRecommender, build_model_config
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
+from seqrec.training.cpu_allocator import keep_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +203,8 @@ class Trainer:
         self.run_dir = run_dir
         self.on_epoch_end = on_epoch_end or log_epoch
         self.device = resolve_device(config.train.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         if config.train.num_threads is not None:
             torch.set_num_threads(config.train.num_threads)
         self.model.to(self.device)
