@@ -350,8 +350,11 @@ def main() -> None:
     block = run_child({**common, "kind": "block"})
 
     import torch
+    from common import describe_machine, machine
 
     threads = args.threads or torch.get_num_threads()
+    on = machine()
+    print(f"\non {describe_machine(on)}")
     print(
         f"\nSASRec+ (2 blocks, CE) vs Mamba4Rec (1 layer, N=32), hidden {HIDDEN}, "
         f"{NUM_ITEMS} items, batch {args.batch_size}, {args.device}, {threads} threads, "
@@ -401,6 +404,7 @@ def main() -> None:
             "threads": threads,
             "repeats": repeats,
             "models": MODELS,
+            "machine": on,
         },
         "models": rows,
         "scans": scans,

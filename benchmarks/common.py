@@ -4,7 +4,10 @@ interrupted run), then evaluate its best model on test under the sampled and ful
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,42 @@ def train_and_evaluate(
             }
         )
     return rows
+
+
+def machine() -> dict[str, Any]:
+    """What a timing was taken on. Machines of one nominal type (2 cores) have run this code
+    twice as fast as each other, so every speed figure carries its CPU."""
+    import torch
+
+    info = _first_processor()
+    cpu = info.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in info:
+        cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def _first_processor() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo; empty where there is none (not Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def describe_machine(info: dict[str, Any]) -> str:
+    return f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}, {info['date']}"
 
 
 def save_rows(rows: list[dict[str, Any]], path: Path) -> None:

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import describe_machine, machine
+
 REPO = Path(__file__).resolve().parents[1]
 # The model sections of the shipped configs: the paper's ML-1M settings (BCE, one negative)
 # and SASRec+ (full softmax CE).
@@ -153,6 +155,7 @@ def main() -> None:
         print(json.dumps(row))
         return
     rows = []
+    on = machine()
     modes = [
         (batching, parts)
         for batching in args.batching
@@ -171,13 +174,14 @@ def main() -> None:
             if args.eval_batch_size:
                 command += ["--eval-batch-size", str(args.eval_batch_size)]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            rows.append(json.loads(out.strip().splitlines()[-1]))
+            rows.append({**json.loads(out.strip().splitlines()[-1]), "machine": on})
             print(json.dumps(rows[-1]), flush=True)
     print(
         "\nML-1M, "
         + ", ".join(f"{name}: configs/{VARIANTS[name]}.yaml" for name in args.variants)
         + f", {rows[0]['threads']} threads, users per evaluation chunk: "
         + (str(args.eval_batch_size) if args.eval_batch_size else "the evaluator's default")
+        + f"\non {describe_machine(on)}"
     )
     print(
         f"{'config':<6} {'batching':<15} {'batch':>5} {'parts':>5} {'s/epoch':>8} "

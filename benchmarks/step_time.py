@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import machine
 
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.prepare import prepare
@@ -68,6 +69,7 @@ def main() -> None:
         "wall_s_per_step": round(wall / args.steps, 4),
         "cpu_s_per_step": round(cpu / args.steps, 4),
         "targets_per_second": round(stats.targets / wall, 1),
+        "machine": machine(),
     }
     print(json.dumps(row))
 
