@@ -5,9 +5,9 @@ freed, up to 32 MiB) goes back to the operating system, by ``munmap`` or by trim
 the heap. A training step allocates and frees the same few-MiB activations hundreds of times, so
 the next allocation of each faults its pages in again and the kernel zeroes them: on ML-1M with
 the paper's SASRec settings, one thread, a process that loads the data and trains 42 steps had
-110,000 to 408,000 page faults (the count
-moves from one process to the next) against about 100,000 with this setting, which takes
-about 5% off a step's CPU time (no measurable change on two threads; see the README). Here
+110,000 to 408,000 page faults (the count moves from one process to the next) against about
+100,000 with this setting, which takes about 5% off a step's CPU time (no measurable change on
+two threads; see the README). Here
 blocks up to 32 MiB come from the heap and freed memory stays in it: a step reuses the pages
 it faulted in once. (PyTorch's CPU tuning guide gets the same by preloading jemalloc or
 tcmalloc.) The price is that the process keeps its peak heap until it exits.
