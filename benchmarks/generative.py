@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import REPO, save_rows
+from common import REPO, machine, save_rows
 
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.batches import left_padded
@@ -194,11 +193,9 @@ def main() -> None:
             f"same items: {row['same_items']}"
         )
     hardware = {
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
+        **machine(),
+        "architecture": platform.machine(),
         "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
     }
     print(
