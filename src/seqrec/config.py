@@ -29,6 +29,9 @@ SplitChoice = Literal["valid", "test"]
 # "length_buckets": examples sorted by length within buckets of 50 batches, so a batch pads
 # less (faster on CPU), at the price of batches whose examples are alike in length.
 Batching = Literal["random", "length_buckets"]
+# Which part of a user's training sequence trains: its newest max_seq_len items (the SASRec
+# papers' protocol), or all of it, cut into consecutive windows of max_seq_len targets.
+TrainWindows = Literal["last", "all"]
 
 
 class ConfigError(ValueError):
@@ -81,6 +84,12 @@ class TrainConfig:
     # positions, so a step's gradient is the whole batch's. Faster when lengths vary (random
     # batches on ML-1M); needs a model whose loss splits by rows (no in-batch negatives).
     batch_parts: int = 1
+    # "last": each user is one row, the newest max_seq_len items (older ones never train).
+    # "all": each user's sequence is cut, from its newest item back, into rows of at most
+    # max_seq_len targets, so every training interaction is a target once per epoch; a row's
+    # oldest targets see only the items of their own row. Models that train on prefix
+    # examples use every target already and refuse it.
+    windows: TrainWindows = "last"
     max_epochs: int = 200
     patience: int = 20  # epochs without improvement of `monitor` before stopping
     monitor: str = "NDCG@10"  # a validation metric, spelled as in the results table

@@ -191,3 +191,77 @@ def test_length_buckets_group_alike_lengths_and_random_batches_do_not() -> None:
     random = _batch_lengths("random", seed=0)
     assert sorted(n for b in random for n in b) == list(range(2, 42))
     assert max(b[-1] - b[0] for b in random) > 20  # mixed lengths
+
+
+def windowed(max_seq_len: int, needs: BatchNeeds | None = None) -> TrainBatches:
+    return TrainBatches(
+        Sequences.from_lists(ROWS),
+        np.arange(len(ROWS), dtype=np.int64) + 10,
+        NUM_ITEMS,
+        max_seq_len,
+        batch_size=3,
+        needs=needs or BatchNeeds(),
+        windows="all",
+    )
+
+
+def pairs_of(batches: TrainBatches, rng_seed: int = 0) -> list[tuple[int, int, int]]:
+    """(user, input item, label) for every real position of an epoch."""
+    out = []
+    for batch in batches.epoch(np.random.default_rng(rng_seed)):
+        assert batch.labels is not None
+        assert batch.users is not None
+        for b, user in enumerate(batch.users.tolist()):
+            for x, y in zip(batch.input_ids[b].tolist(), batch.labels[b].tolist(), strict=True):
+                if y != PAD_ID:
+                    out.append((user - 10, x, y))
+    return out
+
+
+@pytest.mark.parametrize("max_seq_len", [1, 2, 3, 4, 5, 10])
+def test_all_windows_train_every_target_once_after_its_own_item(max_seq_len: int) -> None:
+    batches = windowed(max_seq_len)
+    expected = sorted(
+        (u, row[i], row[i + 1]) for u, row in enumerate(ROWS) for i in range(len(row) - 1)
+    )
+    assert sorted(pairs_of(batches)) == expected
+    assert batches.num_targets == len(expected) == 3 + 1 + 5 + 2
+    longest = max(b.input_ids.shape[1] for b in batches.epoch(np.random.default_rng(0)))
+    assert longest <= max_seq_len
+
+
+def test_all_windows_are_cut_from_the_newest_item_back() -> None:
+    batches = windowed(max_seq_len=2)
+    rows = {}
+    for batch in batches.epoch(np.random.default_rng(3)):
+        assert batch.users is not None
+        for b, user in enumerate(batch.users.tolist()):
+            rows.setdefault(user - 10, []).append(batch.input_ids[b].tolist())
+    # user 3: 3 1 2 3 6 2 -> inputs [3 6] (newest), [1 2], [0 3] (one target left over)
+    assert sorted(rows[3]) == [[0, 3], [1, 2], [3, 6]]
+    assert rows[1] == [[0, 2]]
+    assert 2 not in rows  # a single item has no target
+
+
+def test_last_window_is_the_default_and_drops_older_targets() -> None:
+    batches = make(BatchNeeds(), max_seq_len=2)
+    assert batches.num_targets == 2 + 1 + 2 + 2
+
+
+def test_all_windows_carry_negatives_and_same_target_rows_of_their_user() -> None:
+    needs = BatchNeeds(num_negatives=3, same_target_sequences=True)
+    batches = windowed(max_seq_len=2, needs=needs)
+    for batch in batches.epoch(np.random.default_rng(4)):
+        assert batch.negatives is not None
+        assert batch.users is not None
+        assert batch.labels is not None
+        assert batch.same_target_ids is not None
+        for b, user in enumerate(batch.users.tolist()):
+            real = batch.labels[b] != PAD_ID
+            assert not set(batch.negatives[b][real].flatten().tolist()) & set(ROWS[user - 10])
+        assert batch.same_target_ids.shape[0] == batch.input_ids.shape[0]
+
+
+def test_prefix_examples_refuse_all_windows() -> None:
+    with pytest.raises(ValueError, match="every target already"):
+        windowed(max_seq_len=2, needs=BatchNeeds(prefix_examples=True))

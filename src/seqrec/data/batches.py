@@ -14,7 +14,7 @@ import numpy.typing as npt
 import torch
 
 from seqrec.batch import PAD_ID, BatchNeeds, SeqBatch
-from seqrec.config import Batching
+from seqrec.config import Batching, TrainWindows
 from seqrec.data.sequences import IntArray, Sequences
 
 _BUCKET_BATCHES = 50  # batches per length-sorted bucket: less padding, still shuffled
@@ -50,6 +50,22 @@ def left_padded(
     """(B, L) the windows of ``window`` as item ids, PAD_ID on the left."""
     index, real = window(sequences, rows, max_len, drop_last)
     return np.where(real, sequences.items[index], PAD_ID).astype(np.int64)
+
+
+def training_windows(sequences: Sequences, max_len: int) -> tuple[IntArray, IntArray]:
+    """Every training target of every sequence in consecutive windows of at most ``max_len``
+    targets, cut from the newest item back: (sequence, exclusive end in ``items``) per window.
+
+    A window ending at e holds targets e - max_len .. e - 1 (not before the sequence's
+    second item) and their inputs, the item before each: the windows of a sequence overlap
+    by one item and hold each target once. Sequences of fewer than 2 items have none.
+    """
+    targets = np.maximum(sequences.lengths - 1, 0)
+    counts = -(-targets // max_len)
+    seqs = np.repeat(np.arange(len(targets)), counts)
+    first = np.cumsum(counts) - counts  # each sequence's first window
+    back = np.arange(len(seqs)) - np.repeat(first, counts)  # 0 = the newest window
+    return seqs, sequences.offsets[seqs + 1] - back * max_len
 
 
 class SeenIndex:
@@ -153,7 +169,10 @@ class SameTargetIndex:
 class TrainBatches:
     """Next-item training batches: input = row[:-1], labels = row[1:], last max_seq_len kept.
 
-    Each epoch shuffles users into batches; a batch pads only to its own longest sequence.
+    A row is a user's newest max_seq_len + 1 items, or with ``windows="all"`` one of the
+    consecutive windows that together hold every training target of the user once
+    (``training_windows``). Each epoch shuffles the rows into batches; a batch pads only to
+    its own longest sequence.
     With ``batching="length_buckets"`` the users are sorted by length within buckets of 50
     batches first and the batch order is shuffled, which cuts padding but makes each batch's
     histories alike in length, and a batch of short histories weighs each of its positions
@@ -180,17 +199,29 @@ class TrainBatches:
     needs: BatchNeeds = field(default_factory=BatchNeeds)
     batching: Batching = "random"
     parts: int = 1  # each batch trained in this many length-sorted parts (see ``steps``)
+    windows: TrainWindows = "last"
 
     def __post_init__(self) -> None:
         if self.parts < 1:
             raise ValueError(f"parts must be >= 1, got {self.parts}")
         needs = self.needs
-        self._rows = np.flatnonzero(self.sequences.lengths >= 2)
-        self._row_of = np.repeat(np.arange(len(self.sequences.lengths)), self.sequences.lengths)
+        if needs.prefix_examples and self.windows != "last":
+            raise ValueError("prefix examples train on every target already; use windows='last'")
+        lengths = self.sequences.lengths
+        # Without prefix examples a row r is the window of ``items`` before the exclusive end
+        # _window_end[r] of sequence _window_seq[r]; with windows="last" r is the sequence.
+        self._window_seq = np.arange(len(lengths))
+        self._window_end = self.sequences.offsets[1:]
+        self._rows = np.flatnonzero(lengths >= 2)
+        if self.windows == "all":
+            self._window_seq, self._window_end = training_windows(self.sequences, self.max_seq_len)
+            self._rows = np.arange(len(self._window_seq))
+        self._row_of = np.repeat(np.arange(len(lengths)), lengths)
         if needs.prefix_examples:  # an example is the index in ``items`` of its target
             first = np.zeros(len(self.sequences.items), dtype=bool)
-            first[self.sequences.offsets[:-1][self.sequences.lengths > 0]] = True
+            first[self.sequences.offsets[:-1][lengths > 0]] = True
             self._rows = np.flatnonzero(~first)
+        self._row_lengths = self._history_lengths()
         counts = target_counts(self.sequences, self.num_items)
         self._seen = SeenIndex(self.sequences, self.num_items) if needs.num_negatives else None
         self._draw = uniform_items(self.num_items)
@@ -220,7 +251,8 @@ class TrainBatches:
         """Positions with a loss per epoch (the paper's unit of an epoch)."""
         if self.needs.prefix_examples:
             return len(self._rows)
-        return int(np.minimum(self.sequences.lengths[self._rows] - 1, self.max_seq_len).sum())
+        seqs, ends = self._window_seq[self._rows], self._window_end[self._rows]
+        return int(np.minimum(ends - 1 - self.sequences.offsets[seqs], self.max_seq_len).sum())
 
     def epoch(self, rng: np.random.Generator) -> Iterator[SeqBatch]:
         """The epoch's batches (the parts of each step in turn, when ``parts`` > 1)."""
@@ -234,14 +266,15 @@ class TrainBatches:
             if self.parts == 1:
                 yield [self.batch(rows, rng)]
                 continue
-            by_length = rows[np.argsort(self._lengths()[rows], kind="stable")]
+            by_length = rows[np.argsort(self._row_lengths[rows], kind="stable")]
             pieces = np.array_split(by_length, min(self.parts, len(rows)))
             yield [self.batch(piece, rng) for piece in pieces]
 
-    def _lengths(self) -> IntArray:
-        """Each row's history length: a user's sequence, or an example's target index."""
+    def _history_lengths(self) -> IntArray:
+        """Each row's length to sort by: the items up to its window's end (the user's whole
+        sequence with windows="last"), or an example's history length."""
         if not self.needs.prefix_examples:
-            return self.sequences.lengths
+            return self._window_end - self.sequences.offsets[self._window_seq]
         lengths = np.zeros(len(self.sequences.items), dtype=np.int64)
         lengths[self._rows] = self._rows - self.sequences.offsets[self._row_of[self._rows]]
         return lengths
@@ -254,7 +287,7 @@ class TrainBatches:
             return
         bucket = self.batch_size * _BUCKET_BATCHES
         batches: list[IntArray] = []
-        lengths = self._lengths()
+        lengths = self._row_lengths
         for start in range(0, len(order), bucket):
             chunk = order[start : start + bucket]
             chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
@@ -265,17 +298,18 @@ class TrainBatches:
     def batch(self, rows: IntArray, rng: np.random.Generator) -> SeqBatch:
         if self.needs.prefix_examples:
             return self._prefix_batch(rows, rng)
-        index, real = window(self.sequences, rows, self.max_seq_len, drop_last=1)
+        seqs, ends = self._window_seq[rows], self._window_end[rows]
+        index, real = window_between(self.sequences.offsets[seqs], ends - 1, self.max_seq_len)
         items = self.sequences.items
         inputs = np.where(real, items[index], PAD_ID).astype(np.int64)  # (B, L)
         labels = np.where(real, items[index + 1], PAD_ID).astype(np.int64)  # next items
         return SeqBatch(
             input_ids=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),
-            negatives=self._negatives(rows, real, rng),
-            users=torch.from_numpy(self.users[rows].astype(np.int64)),
+            negatives=self._negatives(seqs, real, rng),
+            users=torch.from_numpy(self.users[seqs].astype(np.int64)),
             log_q=self._log_q,
-            same_target_ids=self._same_target_histories(self.sequences.offsets[rows + 1] - 1, rng),
+            same_target_ids=self._same_target_histories(ends - 1, rng),
         )
 
     def _prefix_batch(self, targets: IntArray, rng: np.random.Generator) -> SeqBatch:

@@ -209,6 +209,12 @@ class Trainer:
             torch.set_num_threads(config.train.num_threads)
         self.model.to(self.device)
         self.optimizer = build_optimizer(model, config.train)
+        if config.train.windows != "last" and model.batch_needs.prefix_examples:
+            raise ConfigError(
+                f"train.windows: {config.train.windows} cuts users' sequences into windows; "
+                f"{model.config.name} with these settings trains on one example per target, "
+                "which uses every target already: use train.windows: last"
+            )
         self.batches = TrainBatches(
             sequences=data.split.train,
             users=data.split.train_users,
@@ -218,6 +224,7 @@ class Trainer:
             needs=model.batch_needs,
             batching=config.train.batching,
             parts=config.train.batch_parts,
+            windows=config.train.windows,
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
