@@ -34,3 +34,46 @@ def test_config_is_valid(path: Path) -> None:
         model_config = dataclasses.replace(model_config, codebook_sizes=sizes)  # type: ignore[call-arg]
     model = build_model(model_config)
     assert model.config.name == config.model["name"]
+
+
+def _flatten(raw: dict[str, object], prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in raw.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+# A variant config is its base config with only these keys changed; anything else that
+# differs is drift (a setting added to the base and forgotten in its ablations).
+VARIANTS = {
+    ("ml-1m_mamba4rec", "ml-1m_mamba4rec-pe"): {"model.positional_embedding"},
+    ("ml-1m_mamba4rec", "ml-1m_mamba4rec-no-ffn"): {"model.ffn"},
+    ("ml-1m_mamba4rec", "ml-1m_mamba4rec-2layers"): {"model.num_layers"},
+    ("ml-1m_sasrec-ce", "ml-1m_sasrec-ce-all-windows"): {"train.windows"},
+    **{
+        (f"{ds}_recrec-stage2", f"{ds}_recrec-stage2-{variant}"): keys
+        for ds in ("beauty", "ml-1m")
+        for variant, keys in (
+            ("n0", {"model.inner_steps"}),
+            ("overwrite", {"model.gate"}),
+            ("no-idr", {"model.idr_weight", "train.init_from"}),
+        )
+    },
+    **{
+        (f"{ds}_recrec-stage1", f"{ds}_recrec-stage1-no-idr"): {"model.idr_weight"}
+        for ds in ("beauty", "ml-1m")
+    },
+}
+
+
+@pytest.mark.parametrize(("base", "variant"), sorted(VARIANTS), ids="->".join)
+def test_variant_differs_from_its_base_only_where_declared(base: str, variant: str) -> None:
+    folder = CONFIGS[0].parent
+    a = _flatten(load_raw(folder / f"{base}.yaml"))
+    b = _flatten(load_raw(folder / f"{variant}.yaml"))
+    differing = {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    assert differing == VARIANTS[(base, variant)]
