@@ -177,6 +177,8 @@ def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> 
         row[f"{name}_s"] = timed(run(scan), repeats)
         with torch.no_grad():
             row[f"{name}_forward_s"] = timed(lambda scan=scan: scan(*args), repeats)
+    if "numba" in row_scans(row):
+        row["numba_kernel_s"] = timed(numba_kernel_call(*args), repeats)
     if length <= reference_max:
         reference_repeats = repeats if length <= 200 else 1
         row["reference_s"] = timed(run(selective_scan_reference), reference_repeats)
@@ -184,6 +186,44 @@ def scan_row(length: int, batch_size: int, repeats: int, reference_max: int) -> 
             row[f"{name}_speedup"] = row["reference_s"] / row[f"{name}_s"]
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
+
+
+def row_scans(row: dict[str, Any]) -> list[str]:
+    return [name for name in ("fast", "numba") if f"{name}_s" in row]
+
+
+def numba_kernel_call(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any) -> Callable[[], None]:
+    """The numba kernel's forward and backward alone, on arrays already in its
+    channel-minor layout: the scan without the layout copies and autograd around it."""
+    import numpy as np
+
+    from seqrec.nn.selective_scan import numba_turn, numpy_views
+
+    rows, channels, length = u.shape
+    state = A.size(1)
+    ut, dt, At, Bt, Ct = numpy_views(*(t.transpose(-1, -2) for t in (u, delta, A, B, C)))
+    (skip,) = numpy_views(D)
+    with numba_turn() as kernel:
+        segments = -(-length // kernel.SEGMENT)
+
+    def empty(*shape: int) -> Any:
+        return np.empty(shape, dtype=np.float32)
+
+    y, starts, last = (
+        empty(*ut.shape),
+        empty(rows, segments, state, channels),
+        empty(rows, state, channels),
+    )
+    grad_y, grad_last = np.ones_like(ut), np.zeros_like(last)
+    grads = [empty(*ut.shape), empty(*ut.shape), empty(rows, state, channels)]
+    grads += [np.empty_like(Bt), np.empty_like(Ct), empty(rows, channels)]
+
+    def call() -> None:
+        with numba_turn() as kernel:
+            kernel.scan_forward(ut, dt, At, Bt, Ct, skip, y, starts, last)
+            kernel.scan_backward(ut, dt, At, Bt, Ct, skip, starts, grad_y, grad_last, *grads)
+
+    return call
 
 
 def incremental_row(users: int, repeats: int) -> dict[str, Any]:
@@ -304,6 +344,26 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     print(f"plot: {path}")
 
 
+def print_scans(scans: list[dict[str, Any]], batch_size: int) -> None:
+    print(f"\nSelective scan, forward + backward, batch {batch_size}, d_inner 128, N 32")
+    names = row_scans(scans[0])
+    print(f"{'length':>6} {'reference s':>12}", end="")
+    for name in names:
+        print(f" {name + ' s':>9} {'speedup':>8} {'fwd s':>7}", end="")
+    print(f" {'fast chunk':>11}")
+    for r in scans:
+        ref = f"{r['reference_s']:>12.3f}" if "reference_s" in r else f"{'skipped':>12}"
+        print(f"{r['length']:>6} {ref}", end="")
+        for name in names:
+            speedup = f"{r[name + '_speedup']:>7.1f}x" if "reference_s" in r else f"{'':>8}"
+            print(f" {r[name + '_s']:>9.3f} {speedup} {r[name + '_forward_s']:>7.3f}", end="")
+        print(f" {'{} x {}'.format(*r['chunk']):>11}")
+    if "numba_kernel_s" in scans[0]:
+        print("numba kernel alone (no layout copies, no autograd), forward + backward:")
+        for r in scans:
+            print(f"{r['length']:>6} {r['numba_kernel_s']:>9.3f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=None)
@@ -371,19 +431,8 @@ def main() -> None:
         )
     if args.device == "cpu":
         print("peak MiB: live tensors (allocator returns freed blocks); RSS: glibc defaults")
-    print(f"\nSelective scan, forward + backward, batch {args.batch_size}, d_inner 128, N 32")
-    names = [name for name in ("fast", "numba") if f"{name}_s" in scans[0]]
-    print(f"{'length':>6} {'reference s':>12}", end="")
-    for name in names:
-        print(f" {name + ' s':>9} {'speedup':>8} {'fwd s':>7}", end="")
-    print(f" {'fast chunk':>11}")
-    for r in scans:
-        ref = f"{r['reference_s']:>12.3f}" if "reference_s" in r else f"{'skipped':>12}"
-        print(f"{r['length']:>6} {ref}", end="")
-        for name in names:
-            speedup = f"{r[name + '_speedup']:>7.1f}x" if "reference_s" in r else f"{'':>8}"
-            print(f" {r[name + '_s']:>9.3f} {speedup} {r[name + '_forward_s']:>7.3f}", end="")
-        print(f" {'{} x {}'.format(*r['chunk']):>11}")
+    print_scans(scans, args.batch_size)
+    names = row_scans(scans[0])
     print("\nMamba4Rec serving: one new item after a 200-item history")
     for r in incremental:
         print(

@@ -11,7 +11,10 @@ relative error, and exp(0) = 1 exactly, so left padding (Delta = 0) stays exact.
 The forward pass also saves the state at the start of every ``SEGMENT`` steps; the backward
 pass recomputes one segment's states and decays at a time from them (SEGMENT x N x D floats
 each, never the whole sequence's) and runs the adjoint
-lam_t = dL/dh_t = C_t gy_t + exp(Delta_{t+1} A) lam_{t+1} backward through it.
+lam_t = dL/dh_t = C_t gy_t + exp(Delta_{t+1} A) lam_{t+1} backward through it. Both passes
+take two steps per sweep over the (N, D) state: the state (forward) or lam and dL/dA
+(backward) are loaded and stored once per pair of steps instead of once per step, which
+made each pass about 15% faster at length 200.
 
 Float32 only, and Delta A <= 0 (Delta >= 0, A <= 0, which Mamba's Delta = softplus(.) and
 A = -exp(A_log) guarantee); ``seqrec.nn.selective_scan`` checks both and handles layouts.
@@ -45,6 +48,7 @@ F32 = NDArray[np.float32]
 numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 SEGMENT = 32  # steps per saved state: the backward buffers are (SEGMENT, N, D)
+assert SEGMENT % 2 == 0, "the forward pass takes steps in pairs within a segment"
 
 _LOG2E = np.float32(1.4426950408889634)
 # ln 2 split in two so that k * _LN2_HI is exact for |k| < 2^11 (Cody and Waite).
@@ -53,6 +57,13 @@ _LN2_LO = np.float32(-2.12194440e-4)
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
 _EXP_FLOOR = np.float32(-87.0)  # exp(-87) ~ 1.6e-38: 2^k stays a normal float
+# e^r on |r| <= ln 2 / 2 as 1 + r + c2 r^2 + ... + c5 r^5, c2..c5 fitted to minimise the
+# largest relative error (1.1e-7, about the degree-6 Taylor polynomial's 1.2e-7, one
+# multiply-add fewer); the first two fixed at 1 keep exp(0) = 1 exact.
+_EXP_C2 = np.float32(0.499992311000824)
+_EXP_C3 = np.float32(0.16667114198207855)
+_EXP_C4 = np.float32(0.041890114545822144)
+_EXP_C5 = np.float32(0.008312525227665901)
 
 
 @intrinsic
@@ -67,17 +78,15 @@ def _float_from_bits(typingctx, bits):  # type: ignore[no-untyped-def]
 
 @numba.njit(fastmath=True, inline="always", cache=True)
 def exp_nonpositive_f32(x: np.float32) -> np.float32:
-    """exp(x) for x <= 0 in float32: x = k ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
-    polynomial of degree 6, 2^k by writing k + 127 into the exponent bits."""
+    """exp(x) for x <= 0 in float32: x = k ln 2 + r with |r| <= ln 2 / 2, e^r by a fitted
+    polynomial of degree 5, 2^k by writing k + 127 into the exponent bits."""
     x = max(x, _EXP_FLOOR)
     k = np.int32(x * _LOG2E - np.float32(0.5))  # round to nearest, as x <= 0
     kf = np.float32(k)
     r = x - kf * _LN2_HI - kf * _LN2_LO
-    p = np.float32(1.0 / 720.0)
-    p = p * r + np.float32(1.0 / 120.0)
-    p = p * r + np.float32(1.0 / 24.0)
-    p = p * r + np.float32(1.0 / 6.0)
-    p = p * r + np.float32(0.5)
+    p = _EXP_C5 * r + _EXP_C4
+    p = p * r + _EXP_C3
+    p = p * r + _EXP_C2
     p = p * r + _ONE
     p = p * r + _ONE
     return p * _float_from_bits((k + np.int32(127)) << np.int32(23))  # type: ignore[call-arg]
@@ -87,31 +96,66 @@ def exp_nonpositive_f32(x: np.float32) -> np.float32:
 def scan_forward(
     u: F32, delta: F32, A: F32, Bt: F32, Ct: F32, skip: F32, y: F32, starts: F32, last: F32
 ) -> None:
-    """y, the state before every segment (``starts``) and after the last step (``last``)."""
+    """y, the state before every segment (``starts``) and after the last step (``last``).
+    Two steps per pass over the state, which then stays in registers between them (SEGMENT
+    is even, so a pair never straddles a segment start)."""
     rows, length, channels = u.shape
     state = A.shape[0]
     for b in numba.prange(rows):
         h = np.zeros((state, channels), dtype=np.float32)
-        drive = np.empty(channels, dtype=np.float32)
-        for t in range(length):
+        drive1 = np.empty(channels, dtype=np.float32)
+        drive2 = np.empty(channels, dtype=np.float32)
+        for t in range(0, length, 2):
             if t % SEGMENT == 0:
                 starts[b, t // SEGMENT] = h
-            dt = delta[b, t]
-            x = u[b, t]
-            out = y[b, t]
+            if t + 1 == length:
+                _forward_step(u[b, t], delta[b, t], A, Bt[b, t], Ct[b, t], skip, h, drive1, y[b, t])
+                break
+            dt1 = delta[b, t]
+            dt2 = delta[b, t + 1]
+            x1 = u[b, t]
+            x2 = u[b, t + 1]
+            out1 = y[b, t]
+            out2 = y[b, t + 1]
             for d in range(channels):
-                drive[d] = dt[d] * x[d]
-                out[d] = skip[d] * x[d]
+                drive1[d] = dt1[d] * x1[d]
+                drive2[d] = dt2[d] * x2[d]
+                out1[d] = skip[d] * x1[d]
+                out2[d] = skip[d] * x2[d]
             for n in range(state):
                 a = A[n]
                 hn = h[n]
-                bn = Bt[b, t, n]
-                cn = Ct[b, t, n]
+                b1 = Bt[b, t, n]
+                c1 = Ct[b, t, n]
+                b2 = Bt[b, t + 1, n]
+                c2 = Ct[b, t + 1, n]
                 for d in range(channels):
-                    v = exp_nonpositive_f32(dt[d] * a[d]) * hn[d] + drive[d] * bn
-                    hn[d] = v
-                    out[d] += cn * v
+                    v1 = exp_nonpositive_f32(dt1[d] * a[d]) * hn[d] + drive1[d] * b1
+                    out1[d] += c1 * v1
+                    v2 = exp_nonpositive_f32(dt2[d] * a[d]) * v1 + drive2[d] * b2
+                    out2[d] += c2 * v2
+                    hn[d] = v2
         last[b] = h
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _forward_step(
+    x: F32, dt: F32, A: F32, Bt: F32, Ct: F32, skip: F32, h: F32, drive: F32, out: F32
+) -> None:
+    """One step of the recurrence: h (N, D) in place, out (D,) written."""
+    state, channels = A.shape
+    for d in range(channels):
+        drive[d] = dt[d] * x[d]
+        out[d] = skip[d] * x[d]
+    for n in range(state):
+        a = A[n]
+        hn = h[n]
+        bn = Bt[n]
+        cn = Ct[n]
+        for d in range(channels):
+            v = exp_nonpositive_f32(dt[d] * a[d]) * hn[d] + drive[d] * bn
+            hn[d] = v
+            out[d] += cn * v
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -169,31 +213,56 @@ def scan_backward(
         lam = grad_last[b].copy()  # dL/dh after the last step
         g_a = np.zeros((state, channels), dtype=np.float32)
         g_skip = np.zeros(channels, dtype=np.float32)
-        drive = np.empty(channels, dtype=np.float32)  # scratch: Delta_t u_t
-        g_dt = np.empty(channels, dtype=np.float32)
-        g_drive = np.empty(channels, dtype=np.float32)
+        drive1 = np.empty(channels, dtype=np.float32)  # scratch: Delta_t u_t of step t
+        g_dt1 = np.empty(channels, dtype=np.float32)
+        g_drive1 = np.empty(channels, dtype=np.float32)
+        g_dt0 = np.empty(channels, dtype=np.float32)  # the same three for step t - 1
+        g_drive0 = np.empty(channels, dtype=np.float32)
+        drive0 = np.empty(channels, dtype=np.float32)
         for k in range((length - 1) // SEGMENT, -1, -1):
             s = k * SEGMENT
             e = min(s + SEGMENT, length)
-            _segment_states(delta[b, s:e], u[b, s:e], A, Bt[b, s:e], starts[b, k], h, decay, drive)
-            for j in range(e - s - 1, -1, -1):
+            _segment_states(delta[b, s:e], u[b, s:e], A, Bt[b, s:e], starts[b, k], h, decay, drive1)
+            j = e - s - 1
+            while j >= 1:  # steps t = s + j and t - 1 in one pass over lam and g_a
                 t = s + j
+                gy1 = grad_y[b, t]
+                gy0 = grad_y[b, t - 1]
+                x1 = u[b, t]
+                x0 = u[b, t - 1]
+                for d in range(channels):
+                    g_dt1[d] = _ZERO
+                    g_drive1[d] = _ZERO
+                    g_dt0[d] = _ZERO
+                    g_drive0[d] = _ZERO
+                    g_skip[d] += gy1[d] * x1[d] + gy0[d] * x0[d]
+                _adjoint_two_steps(
+                    A, delta[b, t], x1, gy1, Bt[b, t], Ct[b, t],
+                    delta[b, t - 1], x0, gy0, Bt[b, t - 1], Ct[b, t - 1],
+                    h[j - 1], h[j], h[j + 1], decay[j], decay[j - 1], lam, g_a,
+                    g_dt1, g_drive1, g_dt0, g_drive0, grad_Bt[b, t], grad_Ct[b, t],
+                    grad_Bt[b, t - 1], grad_Ct[b, t - 1], drive1, drive0,
+                )  # fmt: skip
+                for step, g_dt, g_drive in ((t, g_dt1, g_drive1), (t - 1, g_dt0, g_drive0)):
+                    _write_step_grads(
+                        delta[b, step], grad_y[b, step], skip, g_dt, g_drive,
+                        grad_delta[b, step], grad_u[b, step],
+                    )  # fmt: skip
+                j -= 2
+            if j == 0:  # a segment of odd length: its first step alone
+                t = s
                 dt = delta[b, t]
                 x = u[b, t]
                 gy = grad_y[b, t]
                 for d in range(channels):
-                    g_dt[d] = _ZERO
-                    g_drive[d] = _ZERO
+                    g_dt1[d] = _ZERO
+                    g_drive1[d] = _ZERO
                     g_skip[d] += gy[d] * x[d]
                 _adjoint_step(
-                    A, dt, x, gy, Bt[b, t], Ct[b, t], h[j], h[j + 1], decay[j], lam, g_a,
-                    g_dt, g_drive, grad_Bt[b, t], grad_Ct[b, t], drive,
+                    A, dt, x, gy, Bt[b, t], Ct[b, t], h[0], h[1], decay[0], lam, g_a,
+                    g_dt1, g_drive1, grad_Bt[b, t], grad_Ct[b, t], drive1,
                 )  # fmt: skip
-                out_delta = grad_delta[b, t]
-                out_u = grad_u[b, t]
-                for d in range(channels):
-                    out_delta[d] = g_dt[d]
-                    out_u[d] = gy[d] * skip[d] + g_drive[d] * dt[d]
+                _write_step_grads(dt, gy, skip, g_dt1, g_drive1, grad_delta[b, t], grad_u[b, t])
         grad_A_rows[b] = g_a
         grad_skip_rows[b] = g_skip
 
@@ -249,6 +318,96 @@ def _adjoint_step(
         grad_Bt[n] = grad_b
     for d in range(channels):
         g_dt[d] += x[d] * g_drive[d]
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _write_step_grads(
+    dt: F32, gy: F32, skip: F32, g_dt: F32, g_drive: F32, out_delta: F32, out_u: F32
+) -> None:
+    """dL/dDelta_t and dL/du_t of one step; out_u may be gy itself (read before written)."""
+    for d in range(dt.shape[0]):
+        out_delta[d] = g_dt[d]
+        out_u[d] = gy[d] * skip[d] + g_drive[d] * dt[d]
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _adjoint_two_steps(
+    A: F32,
+    dt1: F32,
+    x1: F32,
+    gy1: F32,
+    B1: F32,
+    C1: F32,
+    dt0: F32,
+    x0: F32,
+    gy0: F32,
+    B0: F32,
+    C0: F32,
+    h_before: F32,
+    h_mid: F32,
+    h_after: F32,
+    decay1: F32,
+    decay0: F32,
+    lam: F32,
+    g_a: F32,
+    g_dt1: F32,
+    g_drive1: F32,
+    g_dt0: F32,
+    g_drive0: F32,
+    grad_B1: F32,
+    grad_C1: F32,
+    grad_B0: F32,
+    grad_C0: F32,
+    drive1: F32,
+    drive0: F32,
+) -> None:
+    """``_adjoint_step`` for step t (suffix 1) and then t - 1 (suffix 0) in one loop over
+    the channels: lam and g_a are loaded and stored once for both steps, and h_{t-1} serves
+    as step t's previous state and step t-1's new one. h_before, h_mid, h_after are
+    h_{t-2}, h_{t-1}, h_t."""
+    state, channels = A.shape
+    for d in range(channels):
+        drive1[d] = dt1[d] * x1[d]
+        drive0[d] = dt0[d] * x0[d]
+    for n in range(state):
+        a = A[n]
+        lam_n = lam[n]
+        g_a_n = g_a[n]
+        e1 = decay1[n]
+        e0 = decay0[n]
+        before = h_before[n]
+        mid = h_mid[n]
+        after = h_after[n]
+        b1 = B1[n]
+        c1 = C1[n]
+        b0 = B0[n]
+        c0 = C0[n]
+        grad_c1 = _ZERO
+        grad_b1 = _ZERO
+        grad_c0 = _ZERO
+        grad_b0 = _ZERO
+        for d in range(channels):
+            g1 = lam_n[d] + gy1[d] * c1
+            w1 = g1 * e1[d] * mid[d]
+            grad_c1 += gy1[d] * after[d]
+            grad_b1 += g1 * drive1[d]
+            g0 = g1 * e1[d] + gy0[d] * c0
+            w0 = g0 * e0[d] * before[d]
+            grad_c0 += gy0[d] * mid[d]
+            grad_b0 += g0 * drive0[d]
+            g_dt1[d] += w1 * a[d]
+            g_dt0[d] += w0 * a[d]
+            g_a_n[d] += w1 * dt1[d] + w0 * dt0[d]
+            g_drive1[d] += g1 * b1
+            g_drive0[d] += g0 * b0
+            lam_n[d] = g0 * e0[d]
+        grad_C1[n] = grad_c1
+        grad_B1[n] = grad_b1
+        grad_C0[n] = grad_c0
+        grad_B0[n] = grad_b0
+    for d in range(channels):
+        g_dt1[d] += x1[d] * g_drive1[d]
+        g_dt0[d] += x0[d] * g_drive0[d]
 
 
 def exp_nonpositive(x: F32) -> F32:
