@@ -13,8 +13,7 @@ pass recomputes one segment's states and decays at a time from them (SEGMENT x N
 each, never the whole sequence's) and runs the adjoint
 lam_t = dL/dh_t = C_t gy_t + exp(Delta_{t+1} A) lam_{t+1} backward through it. Both passes
 take two steps per sweep over the (N, D) state: the state (forward) or lam and dL/dA
-(backward) are loaded and stored once per pair of steps instead of once per step, which
-made each pass about 15% faster at length 200.
+(backward) are loaded and stored once per pair of steps instead of once per step.
 
 Float32 only, and Delta A <= 0 (Delta >= 0, A <= 0, which Mamba's Delta = softplus(.) and
 A = -exp(A_log) guarantee); ``seqrec.nn.selective_scan`` checks both and handles layouts.
