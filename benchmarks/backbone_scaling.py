@@ -19,8 +19,9 @@ histories, for each history length:
 
 It also prints the selective scans against the sequential reference (forward + backward,
 and each forward alone; d_inner 128, N 32): the chunked PyTorch path ("fast", with its chunk
-plan) and the compiled numba kernel ("numba", when installed), Mamba4Rec's incremental
-``step`` against re-encoding a 200-item history, and the Mamba block alone at batch
+plan) and the compiled numba kernel ("numba", when installed; also timed alone on arrays
+already in its channel-minor layout, without the call's copies and autograd), Mamba4Rec's
+incremental ``step`` against re-encoding a 200-item history, and the Mamba block alone at batch
 128 x length 200 (d 64, N 32) with each scan (with numba, the fused block of
 ``seqrec.nn.mamba_inner``). Mamba4Rec itself runs with ``scan: auto``: the numba kernel,
 fused, when it is installed.
