@@ -19,9 +19,9 @@ histories, for each history length:
 
 It also prints the selective scans against the sequential reference (forward + backward,
 and each forward alone; d_inner 128, N 32): the chunked PyTorch path ("fast", with its chunk
-plan) and the compiled numba kernel ("numba", when installed; also timed alone on arrays
-already in its channel-minor layout, without the call's copies and autograd), Mamba4Rec's
-incremental ``step`` against re-encoding a 200-item history, and the Mamba block alone at batch
+plan) and the compiled numba kernel ("numba", when installed; also timed alone, on the views
+the call passes it, without autograd and the allocations around it), Mamba4Rec's incremental
+``step`` against re-encoding a 200-item history, and the Mamba block alone at batch
 128 x length 200 (d 64, N 32) with each scan (with numba, the fused block of
 ``seqrec.nn.mamba_inner``). Mamba4Rec itself runs with ``scan: auto``: the numba kernel,
 fused, when it is installed.
@@ -194,30 +194,34 @@ def row_scans(row: dict[str, Any]) -> list[str]:
 
 
 def numba_kernel_call(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any) -> Callable[[], None]:
-    """The numba kernel's forward and backward alone, on arrays already in its
-    channel-minor layout: the scan without the layout copies and autograd around it."""
+    """The numba kernel's forward and backward alone, on the same transposed views of
+    mamba's layout that ``selective_scan_numba`` passes it: the scan without autograd and
+    the allocations around it."""
     import numpy as np
 
-    from seqrec.nn.selective_scan import numba_turn, numpy_views
+    from seqrec.nn.selective_scan import numba_turn, numpy_views, time_major_views
 
     rows, channels, length = u.shape
     state = A.size(1)
-    ut, dt, At, Bt, Ct = numpy_views(*(t.transpose(-1, -2) for t in (u, delta, A, B, C)))
-    (skip,) = numpy_views(D)
+    ut, dt, Bt, Ct = time_major_views(u, delta, B, C)
+    At, skip = numpy_views(A.T, D)
     with numba_turn() as kernel:
         segments = -(-length // kernel.SEGMENT)
 
     def empty(*shape: int) -> Any:
         return np.empty(shape, dtype=np.float32)
 
+    def like(views: Any) -> Any:  # an empty array with the strides of a transposed view
+        return np.empty(views.transpose(0, 2, 1).shape, dtype=np.float32).transpose(0, 2, 1)
+
     y, starts, last = (
-        empty(*ut.shape),
+        like(ut),
         empty(rows, segments, state, channels),
         empty(rows, state, channels),
     )
-    grad_y, grad_last = np.ones_like(ut), np.zeros_like(last)
-    grads = [empty(*ut.shape), empty(*ut.shape), empty(rows, state, channels)]
-    grads += [np.empty_like(Bt), np.empty_like(Ct), empty(rows, channels)]
+    grad_y, grad_last = np.ones_like(y), np.zeros_like(last)
+    grads = [like(ut), like(ut), empty(rows, state, channels)]
+    grads += [like(Bt), like(Ct), empty(rows, channels)]
 
     def call() -> None:
         with numba_turn() as kernel:

@@ -328,6 +328,35 @@ def test_numba_left_padded_gradients_match_reference() -> None:
         assert_close_scaled(a, e, name)
 
 
+def test_numba_reads_inputs_of_any_layout_and_broadcast_gradients() -> None:
+    """Channel-minor tensors seen through transposes, a strided slice, and the expanded
+    gradient that ``.sum()`` sends back: the kernel reads strides, it copies nothing."""
+    batch, channels, length, state = 3, 6, 37, 4
+    expected_args = inputs(batch, channels, length, state, seed=5)
+    u, delta, A, B, C, D = (t.detach().float() for t in expected_args)
+    wide = torch.zeros(batch, length, 2 * channels)  # u in every other channel of a wider tensor
+    wide[:, :, ::2] = u.transpose(1, 2)
+    strided = [
+        wide[:, :, ::2].transpose(1, 2),
+        delta.transpose(1, 2).contiguous().transpose(1, 2),
+        A,
+        B.transpose(1, 2).contiguous().transpose(1, 2),
+        C.transpose(1, 2).contiguous().transpose(1, 2),
+        D,
+    ]
+    actual_args = [t.requires_grad_() for t in strided]
+    assert not actual_args[0].is_contiguous()
+
+    def grads(scan: object, args: list[Tensor]) -> list[Tensor]:
+        y, last = scan(*args, return_last_state=True)  # type: ignore[operator]
+        return [y, last, *torch.autograd.grad(y.sum() + last.sum(), args)]
+
+    expected = grads(selective_scan_reference, expected_args)
+    actual = grads(selective_scan_numba, actual_args)
+    for name, a, e in zip(NAMES, actual, expected, strict=True):
+        assert_close_scaled(a, e, name)
+
+
 def test_numba_keeps_the_input_dtype_and_only_its_inputs_get_gradients() -> None:
     args = [t.detach() for t in inputs(2, 3, 9, 4)]
     half = [t.bfloat16() if i in (0, 1, 3, 4) else t.float() for i, t in enumerate(args)]

@@ -1,8 +1,10 @@
 """Mamba's selective scan as a compiled CPU kernel (numba), forward and backward.
 
 The sequential recurrence, h_t = exp(Delta_t A) * h_{t-1} + Delta_t u_t B_t, y_t = C_t h_t +
-skip u_t, one thread per batch row. Arrays are channel-minor, so the innermost loops run
-over the channels (Mamba's d_inner, 128 and up) with no reduction: long, vectorisable loops.
+skip u_t, one thread per batch row. The innermost loops run over the channels (Mamba's
+d_inner, 128 and up) with no reduction: long, vectorisable loops over contiguous buffers,
+into which each step's channel vectors are copied first. So the arrays may have any strides:
+a caller holding mamba's (B, D, L) layout passes transposed views, not transposed copies.
 No (B, L, D, N) tensor is ever made. The decays exp(Delta A) are most of the forward work;
 ``exp_nonpositive_f32`` computes them with a polynomial and an exponent bit-cast, which the
 compiler vectorises (about 4x faster than the C library's exp per element) within 5e-7
@@ -102,25 +104,22 @@ def scan_forward(
     state = A.shape[0]
     for b in numba.prange(rows):
         h = np.zeros((state, channels), dtype=np.float32)
+        dt1 = np.empty(channels, dtype=np.float32)
+        dt2 = np.empty(channels, dtype=np.float32)
         drive1 = np.empty(channels, dtype=np.float32)
         drive2 = np.empty(channels, dtype=np.float32)
+        out1 = np.empty(channels, dtype=np.float32)
+        out2 = np.empty(channels, dtype=np.float32)
         for t in range(0, length, 2):
             if t % SEGMENT == 0:
                 starts[b, t // SEGMENT] = h
             if t + 1 == length:
-                _forward_step(u[b, t], delta[b, t], A, Bt[b, t], Ct[b, t], skip, h, drive1, y[b, t])
+                _stage_step(u[b, t], delta[b, t], skip, dt1, drive1, out1)
+                _forward_step(dt1, drive1, A, Bt[b, t], Ct[b, t], h, out1)
+                _copy(out1, y[b, t])
                 break
-            dt1 = delta[b, t]
-            dt2 = delta[b, t + 1]
-            x1 = u[b, t]
-            x2 = u[b, t + 1]
-            out1 = y[b, t]
-            out2 = y[b, t + 1]
-            for d in range(channels):
-                drive1[d] = dt1[d] * x1[d]
-                drive2[d] = dt2[d] * x2[d]
-                out1[d] = skip[d] * x1[d]
-                out2[d] = skip[d] * x2[d]
+            _stage_step(u[b, t], delta[b, t], skip, dt1, drive1, out1)
+            _stage_step(u[b, t + 1], delta[b, t + 1], skip, dt2, drive2, out2)
             for n in range(state):
                 a = A[n]
                 hn = h[n]
@@ -134,18 +133,32 @@ def scan_forward(
                     v2 = exp_nonpositive_f32(dt2[d] * a[d]) * v1 + drive2[d] * b2
                     out2[d] += c2 * v2
                     hn[d] = v2
+            _copy(out1, y[b, t])
+            _copy(out2, y[b, t + 1])
         last[b] = h
 
 
 @numba.njit(fastmath=True, inline="always", cache=True)
-def _forward_step(
-    x: F32, dt: F32, A: F32, Bt: F32, Ct: F32, skip: F32, h: F32, drive: F32, out: F32
-) -> None:
-    """One step of the recurrence: h (N, D) in place, out (D,) written."""
-    state, channels = A.shape
-    for d in range(channels):
-        drive[d] = dt[d] * x[d]
+def _stage_step(x: F32, delta: F32, skip: F32, dt: F32, drive: F32, out: F32) -> None:
+    """One step's inputs into contiguous buffers: dt = Delta_t, drive = Delta_t u_t, and
+    out = skip u_t, to which the state's contributions are added."""
+    for d in range(dt.shape[0]):
+        dt[d] = delta[d]
+        drive[d] = delta[d] * x[d]
         out[d] = skip[d] * x[d]
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _copy(source: F32, target: F32) -> None:
+    for d in range(source.shape[0]):
+        target[d] = source[d]
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _forward_step(dt: F32, drive: F32, A: F32, Bt: F32, Ct: F32, h: F32, out: F32) -> None:
+    """One step of the recurrence from ``_stage_step``'s buffers: h (N, D) in place, the
+    state's share of y added into out (D,)."""
+    state, channels = A.shape
     for n in range(state):
         a = A[n]
         hn = h[n]
@@ -209,6 +222,10 @@ def scan_backward(
     for b in numba.prange(rows):
         h = np.empty((SEGMENT + 1, state, channels), dtype=np.float32)
         decay = np.empty((SEGMENT, state, channels), dtype=np.float32)
+        dt_seg = np.empty((SEGMENT, channels), dtype=np.float32)  # the segment's Delta, u
+        x_seg = np.empty((SEGMENT, channels), dtype=np.float32)
+        gy1 = np.empty(channels, dtype=np.float32)  # dL/dy_t, staged
+        gy0 = np.empty(channels, dtype=np.float32)  # dL/dy_{t-1}
         lam = grad_last[b].copy()  # dL/dh after the last step
         g_a = np.zeros((state, channels), dtype=np.float32)
         g_skip = np.zeros(channels, dtype=np.float32)
@@ -221,14 +238,19 @@ def scan_backward(
         for k in range((length - 1) // SEGMENT, -1, -1):
             s = k * SEGMENT
             e = min(s + SEGMENT, length)
-            _segment_states(delta[b, s:e], u[b, s:e], A, Bt[b, s:e], starts[b, k], h, decay, drive1)
+            for j in range(e - s):
+                _copy(delta[b, s + j], dt_seg[j])
+                _copy(u[b, s + j], x_seg[j])
+            dts = dt_seg[: e - s]
+            xs = x_seg[: e - s]
+            _segment_states(dts, xs, A, Bt[b, s:e], starts[b, k], h, decay, drive1)
             j = e - s - 1
             while j >= 1:  # steps t = s + j and t - 1 in one pass over lam and g_a
                 t = s + j
-                gy1 = grad_y[b, t]
-                gy0 = grad_y[b, t - 1]
-                x1 = u[b, t]
-                x0 = u[b, t - 1]
+                _copy(grad_y[b, t], gy1)
+                _copy(grad_y[b, t - 1], gy0)
+                x1 = xs[j]
+                x0 = xs[j - 1]
                 for d in range(channels):
                     g_dt1[d] = _ZERO
                     g_drive1[d] = _ZERO
@@ -236,32 +258,34 @@ def scan_backward(
                     g_drive0[d] = _ZERO
                     g_skip[d] += gy1[d] * x1[d] + gy0[d] * x0[d]
                 _adjoint_two_steps(
-                    A, delta[b, t], x1, gy1, Bt[b, t], Ct[b, t],
-                    delta[b, t - 1], x0, gy0, Bt[b, t - 1], Ct[b, t - 1],
+                    A, dts[j], x1, gy1, Bt[b, t], Ct[b, t],
+                    dts[j - 1], x0, gy0, Bt[b, t - 1], Ct[b, t - 1],
                     h[j - 1], h[j], h[j + 1], decay[j], decay[j - 1], lam, g_a,
                     g_dt1, g_drive1, g_dt0, g_drive0, grad_Bt[b, t], grad_Ct[b, t],
                     grad_Bt[b, t - 1], grad_Ct[b, t - 1], drive1, drive0,
                 )  # fmt: skip
-                for step, g_dt, g_drive in ((t, g_dt1, g_drive1), (t - 1, g_dt0, g_drive0)):
-                    _write_step_grads(
-                        delta[b, step], grad_y[b, step], skip, g_dt, g_drive,
-                        grad_delta[b, step], grad_u[b, step],
-                    )  # fmt: skip
+                _write_step_grads(
+                    dts[j], gy1, skip, g_dt1, g_drive1, grad_delta[b, t], grad_u[b, t]
+                )
+                _write_step_grads(
+                    dts[j - 1], gy0, skip, g_dt0, g_drive0, grad_delta[b, t - 1], grad_u[b, t - 1]
+                )
                 j -= 2
             if j == 0:  # a segment of odd length: its first step alone
                 t = s
-                dt = delta[b, t]
-                x = u[b, t]
-                gy = grad_y[b, t]
+                _copy(grad_y[b, t], gy1)
+                x = xs[0]
                 for d in range(channels):
                     g_dt1[d] = _ZERO
                     g_drive1[d] = _ZERO
-                    g_skip[d] += gy[d] * x[d]
+                    g_skip[d] += gy1[d] * x[d]
                 _adjoint_step(
-                    A, dt, x, gy, Bt[b, t], Ct[b, t], h[0], h[1], decay[0], lam, g_a,
+                    A, dts[0], x, gy1, Bt[b, t], Ct[b, t], h[0], h[1], decay[0], lam, g_a,
                     g_dt1, g_drive1, grad_Bt[b, t], grad_Ct[b, t], drive1,
                 )  # fmt: skip
-                _write_step_grads(dt, gy, skip, g_dt1, g_drive1, grad_delta[b, t], grad_u[b, t])
+                _write_step_grads(
+                    dts[0], gy1, skip, g_dt1, g_drive1, grad_delta[b, t], grad_u[b, t]
+                )
         grad_A_rows[b] = g_a
         grad_skip_rows[b] = g_skip
 
@@ -323,7 +347,7 @@ def _adjoint_step(
 def _write_step_grads(
     dt: F32, gy: F32, skip: F32, g_dt: F32, g_drive: F32, out_delta: F32, out_u: F32
 ) -> None:
-    """dL/dDelta_t and dL/du_t of one step; out_u may be gy itself (read before written)."""
+    """dL/dDelta_t and dL/du_t of one step from staged buffers."""
     for d in range(dt.shape[0]):
         out_delta[d] = g_dt[d]
         out_u[d] = gy[d] * skip[d] + g_drive[d] * dt[d]

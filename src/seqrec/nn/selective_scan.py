@@ -451,9 +451,15 @@ def numpy_views(*tensors: Tensor) -> list[Any]:
     return [t.detach().contiguous().numpy() for t in tensors]
 
 
+def time_major_views(*tensors: Tensor) -> list[Any]:
+    """Numpy views of (B, ., L) tensors as (B, L, .), strides as they are: no copies."""
+    return [t.detach().transpose(1, 2).numpy() for t in tensors]
+
+
 class _KernelScan(torch.autograd.Function):
-    """``scan_kernel.scan_forward`` / ``scan_backward`` on channel-minor copies: u, delta
-    (B, L, D), A (N, D), B and C (B, L, N). Results come back as views in mamba's layout."""
+    """``scan_kernel.scan_forward`` / ``scan_backward`` on transposed views of mamba's
+    layout (the kernel takes any strides): u, delta (B, D, L), B and C (B, N, L) are read,
+    and y and the gradients written, in place, so no tensor is copied to change its layout."""
 
     @staticmethod
     def forward(
@@ -461,44 +467,53 @@ class _KernelScan(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         rows, channels, length = u.shape
         state = A.size(1)
-        ut, dt, At, Bt, Ct = (t.transpose(-1, -2).contiguous() for t in (u, delta, A, B, C))
-        y = u.new_empty(rows, length, channels)
+        At = A.detach().T.contiguous()
+        y = torch.empty_like(u)
         segments = -(-length // _loaded_numba_kernel().SEGMENT)
         starts = u.new_empty(rows, segments, state, channels)
         last = u.new_empty(rows, state, channels)
         with numba_turn() as kernel:
-            kernel.scan_forward(*numpy_views(ut, dt, At, Bt, Ct, D, y, starts, last))
-        ctx.save_for_backward(ut, dt, At, Bt, Ct, D, starts)
+            kernel.scan_forward(
+                *time_major_views(u, delta),
+                At.numpy(),
+                *time_major_views(B, C),
+                *numpy_views(D),
+                *time_major_views(y),
+                starts.numpy(),
+                last.numpy(),
+            )
+        ctx.save_for_backward(u, delta, At, B, C, D, starts)
         ctx.set_materialize_grads(False)
-        return y.transpose(1, 2), last.transpose(1, 2)
+        return y, last.transpose(1, 2)
 
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor | None, grad_last: Tensor | None) -> tuple[Any, ...]:
-        ut, dt, At, Bt, Ct, D, starts = ctx.saved_tensors
-        rows, _, channels = ut.shape
+        u, delta, At, B, C, D, starts = ctx.saved_tensors
+        rows, channels, _ = u.shape
         state = At.size(0)
-        gy = torch.zeros_like(ut) if grad_y is None else grad_y.float().transpose(1, 2)
+        gy = torch.zeros_like(u) if grad_y is None else grad_y.float()
         if grad_last is None:
-            gl = ut.new_zeros(rows, state, channels)
+            gl = u.new_zeros(rows, state, channels)
         else:
-            gl = grad_last.float().transpose(1, 2)
-        g_u, g_delta = torch.empty_like(ut), torch.empty_like(ut)
-        g_A_rows = ut.new_empty(rows, state, channels)
-        g_Bt, g_Ct = torch.empty_like(Bt), torch.empty_like(Ct)
-        g_D_rows = ut.new_empty(rows, channels)
+            gl = grad_last.float().transpose(1, 2).contiguous()
+        g_u, g_delta = torch.empty_like(u), torch.empty_like(u)
+        g_A_rows = u.new_empty(rows, state, channels)
+        g_B, g_C = torch.empty_like(B), torch.empty_like(C)
+        g_D_rows = u.new_empty(rows, channels)
         with numba_turn() as kernel:
             kernel.scan_backward(
-                *numpy_views(ut, dt, At, Bt, Ct, D, starts, gy, gl),
-                *numpy_views(g_u, g_delta, g_A_rows, g_Bt, g_Ct, g_D_rows),
+                *time_major_views(u, delta),
+                At.numpy(),
+                *time_major_views(B, C),
+                *numpy_views(D, starts),
+                *time_major_views(gy),
+                gl.numpy(),
+                *time_major_views(g_u, g_delta),
+                g_A_rows.numpy(),
+                *time_major_views(g_B, g_C),
+                g_D_rows.numpy(),
             )
-        return (
-            g_u.transpose(1, 2),
-            g_delta.transpose(1, 2),
-            g_A_rows.sum(0).T,
-            g_Bt.transpose(1, 2),
-            g_Ct.transpose(1, 2),
-            g_D_rows.sum(0),
-        )
+        return g_u, g_delta, g_A_rows.sum(0).T, g_B, g_C, g_D_rows.sum(0)
 
 
 @contextlib.contextmanager
