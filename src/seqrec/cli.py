@@ -281,7 +281,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"dataset: {demo.dataset} — {demo.why}")
     fit = demo.sasrec.fit
     seconds = fit.history[-1]["elapsed_seconds"] if fit.history else 0.0  # across resumes
-    print(f"SASRec+CE: {fit.epochs} epochs in {seconds:.0f} s (best epoch {fit.best_epoch})")
+    stopped = f"; stopped: {fit.stop_reason}" if fit.stop_reason else ""
+    print(
+        f"SASRec+CE: {fit.epochs} epochs in {seconds:.0f} s (best epoch {fit.best_epoch}{stopped})"
+    )
     print(f"\n{'model':<10} {'protocol':<8} {'HR@10':>7} {'NDCG@10':>8} {'MRR@10':>7}  users")
     for label, result in demo.rows:
         protocol = result.protocol.split(":")[0].split(" ")[0]

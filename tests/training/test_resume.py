@@ -236,6 +236,7 @@ def test_trainer_resume_continues_exactly_where_it_stopped(tmp_path: Path) -> No
         fit.history
     )
     assert (fit.best_epoch, fit.epochs) == (full.best_epoch, full.epochs)
+    assert fit.stop_reason == full.stop_reason == "train.max_epochs 5 reached"
     assert fit.best_metric == pytest.approx(full.best_metric, abs=1e-6)
     expected = uninterrupted.model.state_dict()
     for name, tensor in resumed.model.state_dict().items():

@@ -184,6 +184,7 @@ class FitResult:
     epochs: int
     history: list[dict[str, Any]]
     train_seconds: float
+    stop_reason: str | None = None  # why training ended (early stop, max_epochs, budget)
 
 
 class Trainer:
@@ -358,4 +359,5 @@ class Trainer:
             epochs=self.state.epoch,
             history=self.state.history,
             train_seconds=time.perf_counter() - started,
+            stop_reason=self._stop_reason(),
         )
