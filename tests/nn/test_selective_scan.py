@@ -8,7 +8,7 @@ import functools
 import logging
 import math
 import threading
-from typing import get_args
+from typing import Any, get_args
 
 import numba
 import numpy as np
@@ -328,24 +328,31 @@ def test_numba_left_padded_gradients_match_reference() -> None:
         assert_close_scaled(a, e, name)
 
 
+def scan_kernel_passes() -> list[Any]:
+    """The scan's two compiled passes, compiled (``numba_turn`` compiles them on first use)."""
+    with scan_module.numba_turn() as kernel:
+        return [kernel.scan_forward, kernel.scan_backward]
+
+
 def test_numba_reads_inputs_of_any_layout_and_broadcast_gradients() -> None:
-    """Channel-minor tensors seen through transposes, a strided slice, and the expanded
-    gradient that ``.sum()`` sends back: the kernel reads strides, it copies nothing."""
+    """Channel-minor tensors seen through transposes of strided slices, mixed with one whose
+    time-major view is contiguous, and the expanded gradient that ``.sum()`` sends back: the
+    kernel reads strides, it copies nothing, and the mix runs on the version compiled for
+    any strides (``compile_scan_for_any_strides``), not on a new compilation."""
     batch, channels, length, state = 3, 6, 37, 4
     expected_args = inputs(batch, channels, length, state, seed=5)
     u, delta, A, B, C, D = (t.detach().float() for t in expected_args)
-    wide = torch.zeros(batch, length, 2 * channels)  # u in every other channel of a wider tensor
-    wide[:, :, ::2] = u.transpose(1, 2)
-    strided = [
-        wide[:, :, ::2].transpose(1, 2),
-        delta.transpose(1, 2).contiguous().transpose(1, 2),
-        A,
-        B.transpose(1, 2).contiguous().transpose(1, 2),
-        C.transpose(1, 2).contiguous().transpose(1, 2),
-        D,
-    ]
-    actual_args = [t.requires_grad_() for t in strided]
-    assert not actual_args[0].is_contiguous()
+
+    def every_other_channel(t: Tensor) -> Tensor:  # (B, X, L) seen in a (B, L, 2X) tensor
+        wide = torch.zeros(t.size(0), t.size(2), 2 * t.size(1))
+        wide[:, :, ::2] = t.transpose(1, 2)
+        return wide[:, :, ::2].transpose(1, 2)
+
+    mixed = [every_other_channel(u), delta.transpose(1, 2).contiguous().transpose(1, 2), A]
+    mixed += [every_other_channel(B), every_other_channel(C), D]
+    actual_args = [t.requires_grad_() for t in mixed]
+    assert not any(actual_args[i].transpose(1, 2).is_contiguous() for i in (0, 3, 4))
+    compiled = {kernel: len(kernel.overloads) for kernel in scan_kernel_passes()}
 
     def grads(scan: object, args: list[Tensor]) -> list[Tensor]:
         y, last = scan(*args, return_last_state=True)  # type: ignore[operator]
@@ -355,6 +362,7 @@ def test_numba_reads_inputs_of_any_layout_and_broadcast_gradients() -> None:
     actual = grads(selective_scan_numba, actual_args)
     for name, a, e in zip(NAMES, actual, expected, strict=True):
         assert_close_scaled(a, e, name)
+    assert {kernel: len(kernel.overloads) for kernel in scan_kernel_passes()} == compiled
 
 
 def test_numba_keeps_the_input_dtype_and_only_its_inputs_get_gradients() -> None:

@@ -29,15 +29,19 @@ The causal depthwise convolution and SiLU in front of the scan (``conv_silu_forw
 same layout, one thread per row, the backward recomputes the conv instead of keeping it.
 
 Importing this module compiles nothing; the first call compiles (some seconds) and caches
-the machine code on disk for later processes.
+the machine code on disk for later processes. ``compile_scan_for_any_strides`` makes the two
+scan passes one compiled version each, whatever the layouts they are called with.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core.typing.templates import Signature
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
@@ -431,6 +435,40 @@ def _adjoint_two_steps(
     for d in range(channels):
         g_dt1[d] += x1[d] * g_drive1[d]
         g_dt0[d] += x0[d] * g_drive0[d]
+
+
+def _scan_signatures(strided: Literal["C", "A"]) -> tuple[Signature, Signature]:
+    """The passes' signatures: u, delta, B, C, y and their gradients in layout ``strided``,
+    the rest (A, skip, starts, last, the per-row sums) C-contiguous."""
+
+    def arr(ndim: int, layout: Literal["C", "A"] = "C") -> types.Array:
+        return types.Array(types.float32, ndim, layout)
+
+    seq = arr(3, strided)
+    forward = types.void(seq, seq, arr(2), seq, seq, arr(1), seq, arr(4), arr(3))
+    backward = types.void(
+        seq, seq, arr(2), seq, seq, arr(1), arr(4), seq, arr(3),
+        seq, seq, arr(3), seq, seq, arr(2),
+    )  # fmt: skip
+    return forward, backward
+
+
+def compile_scan_for_any_strides() -> None:
+    """Compile ``scan_forward`` and ``scan_backward`` twice each, for C-contiguous arrays and
+    for arrays of any strides, and stop numba from compiling them again. Left to itself numba
+    would compile (half a minute each) for every mix of C-contiguous, Fortran-contiguous and
+    strided arrays it is called with. The contiguous version is kept because the fused Mamba
+    block's contiguous buffers run about a quarter faster through it (the compiler knows the
+    step rows it stages are unit-stride). A, skip, starts, last and the per-row sums must be
+    C-contiguous in both."""
+    layouts: tuple[Literal["C", "A"], ...] = ("C", "A")
+    for strided in layouts:
+        forward, backward = _scan_signatures(strided)
+        for kernel, signature in ((scan_forward, forward), (scan_backward, backward)):
+            if signature.args not in kernel.overloads:
+                kernel.compile(signature)
+    scan_forward.disable_compile()
+    scan_backward.disable_compile()
 
 
 def exp_nonpositive(x: F32) -> F32:

@@ -395,10 +395,17 @@ def numba_available() -> bool:
 
 
 def _loaded_numba_kernel() -> ModuleType:
+    """The kernel module, its scan passes compiled once for any strides (not per layout)."""
     kernel = _numba_kernel()
     if kernel is None:
         raise RuntimeError(f"scan 'numba' needs numba: {NUMBA_HINT}")
+    _compile_once(kernel)
     return kernel
+
+
+@functools.cache
+def _compile_once(kernel: ModuleType) -> None:
+    kernel.compile_scan_for_any_strides()
 
 
 # numba's default thread pool must not be entered by two Python threads at once (a server
