@@ -395,7 +395,8 @@ def numba_available() -> bool:
 
 
 def _loaded_numba_kernel() -> ModuleType:
-    """The kernel module, its scan passes compiled once for any strides (not per layout)."""
+    """The kernel module, its scan passes compiled (on first use) for contiguous and for
+    strided arrays, and never again per layout."""
     kernel = _numba_kernel()
     if kernel is None:
         raise RuntimeError(f"scan 'numba' needs numba: {NUMBA_HINT}")
