@@ -41,24 +41,19 @@ SASREC_PLUS: dict[str, Any] = {
 # took 4.5 minutes on one machine and 11.5 on a slower one (65-79 s an epoch), so training
 # also stops after the epoch that passes this budget.
 DEMO_TIME_BUDGET_MINUTES = 7.0
+DEMO_TRAIN: dict[str, Any] = {
+    "patience": 3,
+    "betas": (0.9, 0.999),
+    "time_budget_minutes": DEMO_TIME_BUDGET_MINUTES,
+}
 DEMO_SCHEDULES: dict[str, dict[str, Any]] = {
     "ml-1m": {
         "model": {**SASREC_PLUS, "max_seq_len": 200},
-        "train": {
-            "max_epochs": 10,
-            "patience": 3,
-            "betas": (0.9, 0.999),
-            "time_budget_minutes": DEMO_TIME_BUDGET_MINUTES,
-        },
+        "train": {**DEMO_TRAIN, "max_epochs": 10},
     },
     "synthetic": {
         "model": {**SASREC_PLUS, "max_seq_len": 50},
-        "train": {
-            "max_epochs": 20,
-            "patience": 3,
-            "betas": (0.9, 0.999),
-            "time_budget_minutes": DEMO_TIME_BUDGET_MINUTES,
-        },
+        "train": {**DEMO_TRAIN, "max_epochs": 20},
     },
 }
 

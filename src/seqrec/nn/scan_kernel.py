@@ -29,8 +29,8 @@ The causal depthwise convolution and SiLU in front of the scan (``conv_silu_forw
 same layout, one thread per row, the backward recomputes the conv instead of keeping it.
 
 Importing this module compiles nothing; the first call compiles (some seconds) and caches
-the machine code on disk for later processes. ``compile_scan_for_any_strides`` makes the two
-scan passes one compiled version each, whatever the layouts they are called with.
+the machine code on disk for later processes. ``compile_scan_for_any_strides`` compiles the two
+scan passes once for contiguous and once for strided arrays, and then never per layout.
 """
 
 from __future__ import annotations
