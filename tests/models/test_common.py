@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -134,3 +135,23 @@ def test_unknown_model_key_lists_valid_keys() -> None:
 def test_num_items_comes_from_the_data() -> None:
     with pytest.raises(ConfigError, match="num_items comes from the data"):
         build_model_config({"name": "sasrec", "num_items": 5}, num_items=NUM_ITEMS)
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_negative_counts_and_empty_widths_are_config_errors(name: str) -> None:
+    """Every model's integer fields are checked when its config is built, not deep in a
+    layer's constructor: no negative count, no width (``*_size``) of 0."""
+    config_class = MODELS.get(name).config_class
+    defaults = config_class(num_items=NUM_ITEMS, num_users=3)
+    integers = [
+        spec.name
+        for spec in dataclasses.fields(defaults)
+        if spec.name not in ("num_items", "num_users")
+        and type(getattr(defaults, spec.name)) is int  # not bool, not an unset None
+    ]
+    assert "max_seq_len" in integers
+    for field_name in integers:
+        bad = [-1, 0] if field_name.endswith("_size") else [-1]
+        for value in bad:
+            with pytest.raises(ConfigError, match=f"model.{field_name}"):
+                config_class(num_items=NUM_ITEMS, num_users=3, **{field_name: value})

@@ -289,3 +289,19 @@ def test_tre_bias_is_the_table_at_the_pair_indices(variant: str) -> None:
     outside = weights[-1]
     assert torch.allclose(bias[:, 0, :], outside.expand(4, 16))
     assert torch.allclose(bias[:, :, 0], outside.expand(4, 16))
+
+
+@pytest.mark.parametrize(("buckets", "max_distance"), [(2, 128), (32, 16), (32, 8)])
+def test_relative_buckets_that_cannot_be_computed_are_config_errors(
+    buckets: int, max_distance: int
+) -> None:
+    """T5's log buckets divide by log(max_distance / exact): a distance at or inside the
+    exact range would make every far bucket NaN or infinite."""
+    with pytest.raises(ConfigError, match="relative_max_distance"):
+        build_model_config(
+            {"name": "tiger", "relative_buckets": buckets, "relative_max_distance": max_distance},
+            num_items=NUM_ITEMS,
+        )
+    build_model_config(
+        {"name": "tiger", "relative_buckets": 32, "relative_max_distance": 17}, num_items=NUM_ITEMS
+    )

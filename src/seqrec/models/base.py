@@ -39,6 +39,15 @@ class ModelConfig:
             raise ConfigError(f"model.num_items must be >= 1, got {self.num_items}")
         if self.max_seq_len < 1:
             raise ConfigError(f"model.max_seq_len must be >= 1, got {self.max_seq_len}")
+        # Every model's integer fields are counts, sizes or depths: a width (``*_size``) of
+        # 0 or any negative value would only fail later, deep inside a layer's constructor.
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                continue
+            least = 1 if spec.name.endswith("_size") else 0
+            if value < least:
+                raise ConfigError(f"model.{spec.name} must be >= {least}, got {value}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}

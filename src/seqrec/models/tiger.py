@@ -99,6 +99,14 @@ class TIGERConfig(ModelConfig):
             raise ConfigError(f"model.codebook_sizes must be positive, got {self.codebook_sizes}")
         if not 0.0 <= self.dropout < 1.0 or self.user_buckets < 0:
             raise ConfigError("model.dropout must be in [0, 1) and user_buckets >= 0")
+        # T5's buckets: the encoder's half of relative_buckets must hold an exact bucket,
+        # and the logarithmic ones need max_distance beyond the decoder's exact range.
+        if self.relative_buckets < 4 or self.relative_max_distance <= self.relative_buckets // 2:
+            raise ConfigError(
+                "model.relative_buckets must be >= 4 and relative_max_distance > "
+                f"relative_buckets // 2, got {self.relative_buckets} and "
+                f"{self.relative_max_distance}"
+            )
 
     @property
     def batch_needs(self) -> BatchNeeds:
