@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import subprocess
+import sys
 import threading
 from typing import Any, get_args
 
@@ -328,17 +330,22 @@ def test_numba_left_padded_gradients_match_reference() -> None:
         assert_close_scaled(a, e, name)
 
 
-def scan_kernel_passes() -> list[Any]:
-    """The scan's two compiled passes, compiled (``numba_turn`` compiles them on first use)."""
-    with scan_module.numba_turn() as kernel:
-        return [kernel.scan_forward, kernel.scan_backward]
+def compiled_scan_versions() -> set[tuple[Any, ...]]:
+    """The argument types of every compiled version of the scan's two passes."""
+    passes = [scan_kernel.scan_forward_kernel, scan_kernel.scan_backward_kernel]
+    return {args for kernel in passes for args in kernel.overloads}
+
+
+def the_two_layouts() -> set[tuple[Any, ...]]:
+    """Each pass's versions for C-contiguous and for any-strided sequence arrays."""
+    return {sig.args for layout in ("C", "A") for sig in scan_kernel.scan_signatures(layout)}
 
 
 def test_numba_reads_inputs_of_any_layout_and_broadcast_gradients() -> None:
     """Channel-minor tensors seen through transposes of strided slices, mixed with one whose
     time-major view is contiguous, and the expanded gradient that ``.sum()`` sends back: the
     kernel reads strides, it copies nothing, and the mix runs on the version compiled for
-    any strides (``compile_scan_for_any_strides``), not on a new compilation."""
+    any strides, not on a new compilation."""
     batch, channels, length, state = 3, 6, 37, 4
     expected_args = inputs(batch, channels, length, state, seed=5)
     u, delta, A, B, C, D = (t.detach().float() for t in expected_args)
@@ -352,7 +359,6 @@ def test_numba_reads_inputs_of_any_layout_and_broadcast_gradients() -> None:
     mixed += [every_other_channel(B), every_other_channel(C), D]
     actual_args = [t.requires_grad_() for t in mixed]
     assert not any(actual_args[i].transpose(1, 2).is_contiguous() for i in (0, 3, 4))
-    compiled = {kernel: len(kernel.overloads) for kernel in scan_kernel_passes()}
 
     def grads(scan: object, args: list[Tensor]) -> list[Tensor]:
         y, last = scan(*args, return_last_state=True)  # type: ignore[operator]
@@ -362,7 +368,38 @@ def test_numba_reads_inputs_of_any_layout_and_broadcast_gradients() -> None:
     actual = grads(selective_scan_numba, actual_args)
     for name, a, e in zip(NAMES, actual, expected, strict=True):
         assert_close_scaled(a, e, name)
-    assert {kernel: len(kernel.overloads) for kernel in scan_kernel_passes()} == compiled
+    assert compiled_scan_versions() <= the_two_layouts()
+
+
+def test_numba_compiles_a_pass_only_for_the_layouts_it_is_called_with() -> None:
+    """A fresh process that runs the forward pass on contiguous arrays gets that one
+    version; Fortran-ordered arrays then add the any-strides one; the backward pass, never
+    called, is never compiled (numba's disk cache may supply what it compiles)."""
+    script = """
+import numpy as np
+from seqrec.nn import scan_kernel as k
+
+def layouts(kernel):
+    return sorted(args[0].layout for args in kernel.overloads)
+
+def random(*shape):
+    return np.random.default_rng(len(shape)).random(shape, dtype=np.float32)
+
+rows, length, channels, state = 2, 5, 3, 4
+u, delta, Bt, Ct = (random(rows, length, n) for n in (channels, channels, state, state))
+A, skip = -random(state, channels), random(channels)
+starts, last = random(rows, 1, state, channels), random(rows, state, channels)
+k.scan_forward(u, delta, A, Bt, Ct, skip, np.empty_like(u), starts, last)
+print(layouts(k.scan_forward_kernel), layouts(k.scan_backward_kernel))
+u, delta, Bt, Ct = (x.copy(order="F") for x in (u, delta, Bt, Ct))
+k.scan_forward(u, delta, A, Bt, Ct, skip, np.empty_like(u), starts, last)
+print(layouts(k.scan_forward_kernel), layouts(k.scan_backward_kernel))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["['C'] []", "['A', 'C'] []"]
 
 
 def test_numba_keeps_the_input_dtype_and_only_its_inputs_get_gradients() -> None:

@@ -29,8 +29,9 @@ The causal depthwise convolution and SiLU in front of the scan (``conv_silu_forw
 same layout, one thread per row, the backward recomputes the conv instead of keeping it.
 
 Importing this module compiles nothing; the first call compiles (some seconds) and caches
-the machine code on disk for later processes. ``compile_scan_for_any_strides`` compiles the two
-scan passes once for contiguous and once for strided arrays, and then never per layout.
+the machine code on disk for later processes. ``scan_forward`` and ``scan_backward`` compile
+their pass at most twice, for contiguous and for strided arrays, each when a call first needs
+it, and never per mix of layouts.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core.dispatcher import Dispatcher
 from numba.core.typing.templates import Signature
 from numba.extending import intrinsic
 from numpy.typing import NDArray
@@ -98,7 +100,7 @@ def exp_nonpositive_f32(x: np.float32) -> np.float32:
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def scan_forward(
+def scan_forward_kernel(
     u: F32, delta: F32, A: F32, Bt: F32, Ct: F32, skip: F32, y: F32, starts: F32, last: F32
 ) -> None:
     """y, the state before every segment (``starts``) and after the last step (``last``).
@@ -200,7 +202,7 @@ def _segment_states(
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def scan_backward(
+def scan_backward_kernel(
     u: F32,
     delta: F32,
     A: F32,
@@ -217,7 +219,7 @@ def scan_backward(
     grad_Ct: F32,
     grad_skip_rows: F32,
 ) -> None:
-    """Gradients of ``scan_forward``, one thread per row. grad_A_rows (B, N, D) and
+    """Gradients of ``scan_forward_kernel``, one thread per row. grad_A_rows (B, N, D) and
     grad_skip_rows (B, D) are per-row partial sums, summed by the caller. grad_u may be
     grad_y itself: step t reads its row of grad_y before it writes that row of grad_u, and
     no other step reads it."""
@@ -437,7 +439,7 @@ def _adjoint_two_steps(
         g_dt0[d] += x0[d] * g_drive0[d]
 
 
-def _scan_signatures(strided: Literal["C", "A"]) -> tuple[Signature, Signature]:
+def scan_signatures(strided: Literal["C", "A"]) -> tuple[Signature, Signature]:
     """The passes' signatures: u, delta, B, C, y and their gradients in layout ``strided``,
     the rest (A, skip, starts, last, the per-row sums) C-contiguous."""
 
@@ -453,22 +455,62 @@ def _scan_signatures(strided: Literal["C", "A"]) -> tuple[Signature, Signature]:
     return forward, backward
 
 
-def compile_scan_for_any_strides() -> None:
-    """Compile ``scan_forward`` and ``scan_backward`` twice each, for C-contiguous arrays and
-    for arrays of any strides, and stop numba from compiling them again. Left to itself numba
-    would compile (half a minute each) for every mix of C-contiguous, Fortran-contiguous and
-    strided arrays it is called with. The contiguous version is kept because the fused Mamba
-    block's contiguous buffers run about a quarter faster through it (the compiler knows the
-    step rows it stages are unit-stride). A, skip, starts, last and the per-row sums must be
-    C-contiguous in both."""
-    layouts: tuple[Literal["C", "A"], ...] = ("C", "A")
-    for strided in layouts:
-        forward, backward = _scan_signatures(strided)
-        for kernel, signature in ((scan_forward, forward), (scan_backward, backward)):
-            if signature.args not in kernel.overloads:
-                kernel.compile(signature)
-    scan_forward.disable_compile()
-    scan_backward.disable_compile()
+def scan_forward(
+    u: F32, delta: F32, A: F32, Bt: F32, Ct: F32, skip: F32, y: F32, starts: F32, last: F32
+) -> None:
+    """``scan_forward_kernel``, compiled on first use for the layout of u, delta, Bt, Ct and y."""
+    layout = _layout_of(u, delta, Bt, Ct, y)
+    _compiled(scan_forward_kernel, scan_signatures(layout)[0])(
+        u, delta, A, Bt, Ct, skip, y, starts, last
+    )
+
+
+def scan_backward(
+    u: F32,
+    delta: F32,
+    A: F32,
+    Bt: F32,
+    Ct: F32,
+    skip: F32,
+    starts: F32,
+    grad_y: F32,
+    grad_last: F32,
+    grad_u: F32,
+    grad_delta: F32,
+    grad_A_rows: F32,
+    grad_Bt: F32,
+    grad_Ct: F32,
+    grad_skip_rows: F32,
+) -> None:
+    """``scan_backward_kernel``, compiled on first use for the layout of its (B, L, .)
+    arrays: u, delta, Bt, Ct, grad_y and the gradients of the four."""
+    layout = _layout_of(u, delta, Bt, Ct, grad_y, grad_u, grad_delta, grad_Bt, grad_Ct)
+    _compiled(scan_backward_kernel, scan_signatures(layout)[1])(
+        u, delta, A, Bt, Ct, skip, starts, grad_y, grad_last,
+        grad_u, grad_delta, grad_A_rows, grad_Bt, grad_Ct, grad_skip_rows,
+    )  # fmt: skip
+
+
+def _layout_of(*sequences: F32) -> Literal["C", "A"]:
+    return "C" if all(array.flags.c_contiguous for array in sequences) else "A"
+
+
+def _compiled(kernel: Dispatcher, signature: Signature) -> Dispatcher:
+    """``kernel`` (a scan pass) with its version for ``signature`` loaded from numba's disk
+    cache or, the first time on a machine, compiled (half a minute). Each pass has at most
+    two versions, for C-contiguous and for any-strided sequence arrays, compiled only when a
+    call needs them: left to itself numba would compile one for every mix of C-contiguous,
+    Fortran-contiguous and strided arrays it is called with. The contiguous version is worth
+    its compilation because the fused Mamba block's contiguous buffers run about a quarter
+    faster through it (the compiler knows the step rows it stages are unit-stride)."""
+    if signature.args not in kernel.overloads:
+        kernel.disable_compile(False)
+        try:
+            kernel.compile(signature)
+        finally:
+            if kernel.signatures:
+                kernel.disable_compile(True)
+    return kernel
 
 
 def exp_nonpositive(x: F32) -> F32:

@@ -395,18 +395,11 @@ def numba_available() -> bool:
 
 
 def _loaded_numba_kernel() -> ModuleType:
-    """The kernel module, its scan passes compiled (on first use) for contiguous and for
-    strided arrays, and never again per layout."""
+    """The kernel module; an error that says how to install numba when it is missing."""
     kernel = _numba_kernel()
     if kernel is None:
         raise RuntimeError(f"scan 'numba' needs numba: {NUMBA_HINT}")
-    _compile_once(kernel)
     return kernel
-
-
-@functools.cache
-def _compile_once(kernel: ModuleType) -> None:
-    kernel.compile_scan_for_any_strides()
 
 
 # numba's default thread pool must not be entered by two Python threads at once (a server
