@@ -341,6 +341,14 @@ def the_two_layouts() -> set[tuple[Any, ...]]:
     return {sig.args for layout in ("C", "A") for sig in scan_kernel.scan_signatures(layout)}
 
 
+def test_a_scan_pass_called_with_the_wrong_number_of_arrays_says_how_many_it_takes() -> None:
+    arrays = [np.zeros((1, 2, 3), dtype=np.float32)] * 2
+    with pytest.raises(TypeError, match="scan_forward_kernel takes 9 arrays, got 2"):
+        scan_kernel.scan_forward(*arrays)
+    with pytest.raises(TypeError, match="scan_backward_kernel takes 15 arrays, got 2"):
+        scan_kernel.scan_backward(*arrays)
+
+
 def test_numba_reads_inputs_of_any_layout_and_broadcast_gradients() -> None:
     """Channel-minor tensors seen through transposes of strided slices, mixed with one whose
     time-major view is contiguous, and the expanded gradient that ``.sum()`` sends back: the

@@ -36,6 +36,7 @@ it, and never per mix of layouts.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import numba
@@ -439,6 +440,7 @@ def _adjoint_two_steps(
         g_dt0[d] += x0[d] * g_drive0[d]
 
 
+@functools.cache
 def scan_signatures(strided: Literal["C", "A"]) -> tuple[Signature, Signature]:
     """The passes' signatures: u, delta, B, C, y and their gradients in layout ``strided``,
     the rest (A, skip, starts, last, the per-row sums) C-contiguous."""
@@ -455,44 +457,29 @@ def scan_signatures(strided: Literal["C", "A"]) -> tuple[Signature, Signature]:
     return forward, backward
 
 
-def scan_forward(
-    u: F32, delta: F32, A: F32, Bt: F32, Ct: F32, skip: F32, y: F32, starts: F32, last: F32
-) -> None:
-    """``scan_forward_kernel``, compiled on first use for the layout of u, delta, Bt, Ct and y."""
-    layout = _layout_of(u, delta, Bt, Ct, y)
-    _compiled(scan_forward_kernel, scan_signatures(layout)[0])(
-        u, delta, A, Bt, Ct, skip, y, starts, last
-    )
+def scan_forward(*arrays: F32) -> None:
+    """``scan_forward_kernel(*arrays)``, compiled on first use for the layout of its (B, L, .)
+    arrays (u, delta, Bt, Ct, y)."""
+    _run(scan_forward_kernel, 0, arrays)
 
 
-def scan_backward(
-    u: F32,
-    delta: F32,
-    A: F32,
-    Bt: F32,
-    Ct: F32,
-    skip: F32,
-    starts: F32,
-    grad_y: F32,
-    grad_last: F32,
-    grad_u: F32,
-    grad_delta: F32,
-    grad_A_rows: F32,
-    grad_Bt: F32,
-    grad_Ct: F32,
-    grad_skip_rows: F32,
-) -> None:
-    """``scan_backward_kernel``, compiled on first use for the layout of its (B, L, .)
-    arrays: u, delta, Bt, Ct, grad_y and the gradients of the four."""
-    layout = _layout_of(u, delta, Bt, Ct, grad_y, grad_u, grad_delta, grad_Bt, grad_Ct)
-    _compiled(scan_backward_kernel, scan_signatures(layout)[1])(
-        u, delta, A, Bt, Ct, skip, starts, grad_y, grad_last,
-        grad_u, grad_delta, grad_A_rows, grad_Bt, grad_Ct, grad_skip_rows,
-    )  # fmt: skip
+def scan_backward(*arrays: F32) -> None:
+    """``scan_backward_kernel(*arrays)``, compiled on first use for the layout of its
+    (B, L, .) arrays (u, delta, Bt, Ct, grad_y and the gradients of the four)."""
+    _run(scan_backward_kernel, 1, arrays)
 
 
-def _layout_of(*sequences: F32) -> Literal["C", "A"]:
-    return "C" if all(array.flags.c_contiguous for array in sequences) else "A"
+def _run(kernel: Dispatcher, which: Literal[0, 1], arrays: tuple[F32, ...]) -> None:
+    """Call pass ``which`` of ``scan_signatures`` in its version for the layout of the
+    sequence arrays: those whose type differs between the "C" and "A" signatures."""
+    contiguous, strided = scan_signatures("C")[which].args, scan_signatures("A")[which].args
+    if len(arrays) != len(contiguous):
+        raise TypeError(
+            f"{kernel.py_func.__name__} takes {len(contiguous)} arrays, got {len(arrays)}"
+        )
+    sequences = [array for array, c, a in zip(arrays, contiguous, strided, strict=True) if c != a]
+    layout: Literal["C", "A"] = "C" if all(array.flags.c_contiguous for array in sequences) else "A"
+    _compiled(kernel, scan_signatures(layout)[which])(*arrays)
 
 
 def _compiled(kernel: Dispatcher, signature: Signature) -> Dispatcher:
