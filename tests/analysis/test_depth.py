@@ -106,3 +106,16 @@ def test_analyze_depth_refuses_models_without_a_depth(
         analyze_depth(stage_1, tmp_path, max_depth=2)
     with pytest.raises(ConfigError, match="'pop' has no inference depth"):
         analyze_depth(pop_run, tmp_path, max_depth=2)
+
+
+def test_the_summary_names_the_largest_gain_or_says_there_is_none() -> None:
+    def rows(ndcg: list[float]) -> list[dict[str, float]]:
+        return [{"depth": depth, "NDCG@10": value} for depth, value in enumerate(ndcg)]
+
+    rising = depth_summary_lines(rows([0.040, 0.041, 0.044, 0.043]))
+    assert rising[0] == "best N = 2: NDCG@10 0.0440"
+    assert "largest single-step gain: N = 1 -> 2 (+0.0030)" in rising[1]
+    assert rising[2] == "N = 3: 2.3% below the best N"
+    falling = depth_summary_lines(rows([0.045, 0.044, 0.040]))
+    assert falling[0] == "best N = 0: NDCG@10 0.0450"
+    assert falling[1].endswith("no step raises NDCG@10")

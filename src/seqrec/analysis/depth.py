@@ -129,10 +129,14 @@ def depth_summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     if len(rows) > 1:
         gains = np.diff(ndcg)
         step = int(np.argmax(gains))
-        lines.append(
-            f"N = 0 -> 1: NDCG@10 {ndcg[0]:.4f} -> {ndcg[1]:.4f} ({gains[0]:+.4f}); "
+        largest = (
             f"largest single-step gain: N = {rows[step]['depth']} -> {rows[step + 1]['depth']} "
             f"({gains[step]:+.4f})"
+            if gains[step] > 0
+            else "no step raises NDCG@10"
+        )
+        lines.append(
+            f"N = 0 -> 1: NDCG@10 {ndcg[0]:.4f} -> {ndcg[1]:.4f} ({gains[0]:+.4f}); {largest}"
         )
         drop = (ndcg[best] - ndcg[-1]) / ndcg[best] if ndcg[best] > 0 else 0.0
         lines.append(f"N = {rows[-1]['depth']}: {100 * drop:.1f}% below the best N")
