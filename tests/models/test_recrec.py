@@ -350,6 +350,17 @@ def test_stage_2_keeps_compressor_dropout_on_and_the_backbone_deterministic(
     assert make(compressor_dropout=0.5, dropout=0.5).train().backbone.training  # stage 1
 
 
+def test_stage_2_backbone_dropout_is_a_switch_for_training_only(batch: SeqBatch) -> None:
+    model = make(**STAGE_2, stage2_backbone_dropout=True, dropout=0.5).train()
+    assert model.backbone.training
+    assert all(not p.requires_grad for p in model.backbone.parameters())  # still frozen
+    with torch.no_grad():
+        first = model.encode(batch.input_ids, newest_only=True)
+        second = model.encode(batch.input_ids, newest_only=True)
+    assert not torch.allclose(first.hidden, second.hidden)
+    assert not model.eval().backbone.training
+
+
 @pytest.mark.parametrize(
     "check",
     [

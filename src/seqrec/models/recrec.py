@@ -23,7 +23,8 @@ Choices the specification leaves open, and deviations, all deliberate:
   the newest position only (``last``).
 - Stage 2 takes one optimizer step per batch on the mean of the K round losses. TRM steps
   the optimizer after every round; here the K rounds see the same weights. The backbone
-  runs in eval mode in stage 2 (frozen, no dropout); the compressor keeps its dropout.
+  runs in eval mode in stage 2 (frozen, no dropout; ``stage2_backbone_dropout`` keeps its
+  dropout on, as stage 1 saw it); the compressor keeps its dropout.
 - The gate ``gru`` is a GRU's update gate on layer-normalised M_hat and M_prev with M_hat
   as the candidate: M <- z M_prev + (1 - z) M_hat. A torch GRU cell on the normalised
   states (``gru_cell``, the literal reading) replaces M_0 by a re-normalised, tanh-bounded
@@ -108,6 +109,7 @@ class RecRecConfig(ModelConfig):
         "train_positions",
         "dropout",
         "compressor_dropout",
+        "stage2_backbone_dropout",
         "idr_weight",
         "inner_steps",
         "steps_per_round",
@@ -129,6 +131,9 @@ class RecRecConfig(ModelConfig):
     # the same number of weights in its three matrices.
     ffn_size: int | None = None
     compressor_dropout: float = 0.1  # stays on in stage 2 (a regulariser)
+    # Stage 2: the frozen backbone draws its dropout in training as in stage 1 (its hidden
+    # states of the training prefixes are then noisy, as they were when it learned them).
+    stage2_backbone_dropout: bool = False
     idr_weight: float = 0.1  # lambda_IDR; 0 switches the regulariser off (ablation)
     temperature: float = 1.0  # tau of s_r(v) = m_r . e_v / tau
     inner_steps: int = 3  # n: scratchpad updates per reasoning step (0: S stays S_0)
@@ -701,8 +706,8 @@ class RecRec(ScoringRecommender):
 
     def train(self, mode: bool = True) -> RecRec:
         super().train(mode)
-        if self.config.stage == 2:
-            self.backbone.train(False)  # frozen and deterministic; the compressor keeps dropout
+        if self.config.stage == 2:  # frozen; deterministic unless asked to keep its dropout
+            self.backbone.train(mode and self.config.stage2_backbone_dropout)
         return self
 
     def items(self) -> Tensor:
