@@ -471,15 +471,21 @@ def scan_backward(*arrays: F32) -> None:
 
 def _run(kernel: Dispatcher, which: Literal[0, 1], arrays: tuple[F32, ...]) -> None:
     """Call pass ``which`` of ``scan_signatures`` in its version for the layout of the
-    sequence arrays: those whose type differs between the "C" and "A" signatures."""
+    sequence arrays."""
+    arity, sequence_positions = _sequence_positions(which)
+    if len(arrays) != arity:
+        raise TypeError(f"{kernel.py_func.__name__} takes {arity} arrays, got {len(arrays)}")
+    contiguous = all(arrays[position].flags.c_contiguous for position in sequence_positions)
+    _compiled(kernel, scan_signatures("C" if contiguous else "A")[which])(*arrays)
+
+
+@functools.cache
+def _sequence_positions(which: Literal[0, 1]) -> tuple[int, tuple[int, ...]]:
+    """How many arrays pass ``which`` takes, and the positions of its sequence arrays: those
+    whose type differs between the "C" and "A" signatures."""
     contiguous, strided = scan_signatures("C")[which].args, scan_signatures("A")[which].args
-    if len(arrays) != len(contiguous):
-        raise TypeError(
-            f"{kernel.py_func.__name__} takes {len(contiguous)} arrays, got {len(arrays)}"
-        )
-    sequences = [array for array, c, a in zip(arrays, contiguous, strided, strict=True) if c != a]
-    layout: Literal["C", "A"] = "C" if all(array.flags.c_contiguous for array in sequences) else "A"
-    _compiled(kernel, scan_signatures(layout)[which])(*arrays)
+    positions = tuple(i for i, (c, a) in enumerate(zip(contiguous, strided, strict=True)) if c != a)
+    return len(contiguous), positions
 
 
 def _compiled(kernel: Dispatcher, signature: Signature) -> Dispatcher:
