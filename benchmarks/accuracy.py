@@ -30,6 +30,7 @@ PUBLISHED: dict[str, list[tuple[str, float, float, str]]] = {
     "ml-1m_sasrec-ce-all-windows": [
         ("full", 0.3152, 0.1821, "SASRec+ in Klenitskiy & Vasilev 2023")
     ],
+    "ml-1m_sasrec-ce-3000": [("full", 0.3159, 0.1857, "SASRec+ 3000 in Klenitskiy & Vasilev 2023")],
     "beauty_sasrec": [("sampled", 0.4854, 0.3219, "SASRec paper, Table III (its Beauty)")],
     "beauty_sasrec-ce": [("full", 0.0921, 0.0531, "SASRec+SS, eSASRec README (same Beauty)")],
     "video-games_sasrec": [("sampled", 0.7410, 0.5360, "SASRec paper, Table III")],

@@ -159,3 +159,98 @@ def fused_full_ce(hidden: Tensor, items: Tensor, labels: Tensor, chunk: int = 25
             hidden.float(), items.float(), labels.long(), chunk
         )
     return loss
+
+
+class _FusedGroupedSampledSoftmax(torch.autograd.Function):
+    """``sampled_softmax`` over negatives that a group of consecutive positions shares, with
+    the gradients computed group by group in the forward pass (as ``_FusedFullCE``).
+
+    The generic path builds (P, S) logits, a (P, S) validity mask and their concatenation
+    with the positives, and keeps them for backward; with S in the thousands (SASRec+ 3000)
+    those tensors, not the encoder, set the step time. Here only one group's (c, S) block
+    exists at a time.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: Tensor,
+        items: Tensor,
+        targets: Tensor,
+        group_sizes: list[int],
+        negatives: Tensor,
+        log_q: Tensor | None,
+    ) -> Tensor:
+        P = hidden.size(0)
+        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        grad_hidden = torch.empty_like(hidden) if needs_grad else None
+        grad_items = torch.zeros_like(items) if needs_grad else None
+        total = hidden.new_zeros((), dtype=torch.float64)
+        start = 0
+        for group, size in enumerate(group_sizes):
+            if size == 0:
+                continue
+            end = start + size
+            h = hidden[start:end]  # (c, D)
+            target = targets[start:end]  # (c,)
+            negative = negatives[group]  # (S,)
+            target_rows, negative_rows = items[target], items[negative]  # (c, D), (S, D)
+            pos = (h * target_rows).sum(1)  # (c,)
+            neg = h @ negative_rows.T  # (c, S)
+            if log_q is not None:
+                pos = pos - log_q[target]
+                neg.sub_(log_q[negative])
+            neg.masked_fill_(negative.unsqueeze(0) == target.unsqueeze(1), float("-inf"))
+            peak = torch.maximum(neg.amax(dim=1), pos).unsqueeze(1)  # (c, 1)
+            probs = neg.sub_(peak).exp_()  # in place: exp(logit - max); masked ones are 0
+            pos_prob = (pos.unsqueeze(1) - peak).exp_()  # (c, 1)
+            norm = probs.sum(dim=1, keepdim=True).add_(pos_prob)  # (c, 1)
+            total += (norm.log() + peak - pos.unsqueeze(1)).sum(dtype=torch.float64)
+            if grad_hidden is not None and grad_items is not None:
+                scale = norm.mul_(P).reciprocal_()  # 1 / (P * norm)
+                probs.mul_(scale)  # d loss / d negative logit
+                d_pos = pos_prob.mul_(scale).sub_(1.0 / P)  # d loss / d positive logit, (c, 1)
+                grad_hidden[start:end] = probs @ negative_rows + d_pos * target_rows
+                grad_items.index_add_(0, negative, probs.T @ h)
+                grad_items.index_add_(0, target, d_pos * h)
+            start = end
+        ctx.save_for_backward(grad_hidden, grad_items)  # type: ignore[arg-type]
+        return (total / P).to(hidden.dtype)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_output: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
+        grad_hidden, grad_items = ctx.saved_tensors  # type: ignore[attr-defined]
+        return grad_hidden * grad_output, grad_items * grad_output, None, None, None, None
+
+
+def fused_grouped_sampled_softmax(
+    hidden: Tensor,
+    items: Tensor,
+    targets: Tensor,
+    groups: Tensor,
+    negatives: Tensor,
+    log_q: Tensor | None = None,
+) -> Tensor:
+    """``sampled_softmax`` of the scores <h, E_j> (minus log q(j) when given), for negatives
+    shared by groups of positions: the same value and gradients, a fraction of the memory.
+
+    hidden: (P, D); items: (N + 1, D); targets: (P,); groups: (P,) the group of each
+    position, non-decreasing (positions of a group are consecutive); negatives: (G, S) the
+    ids each group shares; log_q: optional (N + 1,). A negative equal to a position's target
+    is ignored for that position.
+    """
+    if groups.numel() > 1 and bool((groups[1:] < groups[:-1]).any()):
+        raise ValueError("the positions of a group must be consecutive (groups non-decreasing)")
+    sizes = torch.bincount(groups, minlength=negatives.size(0)).tolist()
+    with torch.autocast(hidden.device.type, enabled=False):
+        loss: Tensor = _FusedGroupedSampledSoftmax.apply(  # type: ignore[no-untyped-call]
+            hidden.float(),
+            items.float(),
+            targets.long(),
+            sizes,
+            negatives.long(),
+            None if log_q is None else log_q.float(),
+        )
+    return loss

@@ -54,6 +54,11 @@ VARIANTS = {
     ("ml-1m_mamba4rec", "ml-1m_mamba4rec-no-ffn"): {"model.ffn"},
     ("ml-1m_mamba4rec", "ml-1m_mamba4rec-2layers"): {"model.num_layers"},
     ("ml-1m_sasrec-ce", "ml-1m_sasrec-ce-all-windows"): {"train.windows"},
+    ("ml-1m_sasrec-ce", "ml-1m_sasrec-ce-3000"): {
+        "model.loss",
+        "model.num_negatives",
+        "model.shared_negatives",
+    },
     **{
         (f"{ds}_recrec-stage2", f"{ds}_recrec-stage2-{variant}"): keys
         for ds in ("beauty", "ml-1m")

@@ -16,6 +16,7 @@ from seqrec.losses import (
     bpr_max,
     full_ce_reference,
     fused_full_ce,
+    fused_grouped_sampled_softmax,
     gbce,
     sampled_softmax,
     top1_max,
@@ -61,6 +62,60 @@ def test_fused_ce_without_gradients() -> None:
     torch.testing.assert_close(
         fused_full_ce(hidden, items, labels), full_ce_reference(hidden, items, labels)
     )
+
+
+def grouped_sampled_softmax_reference(
+    hidden: torch.Tensor,
+    items: torch.Tensor,
+    targets: torch.Tensor,
+    groups: torch.Tensor,
+    negatives: torch.Tensor,
+    log_q: torch.Tensor | None,
+) -> torch.Tensor:
+    """The generic path: (P, S) logits, the mask of negatives equal to the target, logQ."""
+    per_position = negatives[groups]  # (P, S)
+    pos = (hidden * items[targets]).sum(-1)
+    neg = torch.einsum("pd,psd->ps", hidden, items[per_position])
+    if log_q is not None:
+        pos, neg = pos - log_q[targets], neg - log_q[per_position]
+    return sampled_softmax(pos, neg, per_position != targets.unsqueeze(1))
+
+
+@pytest.mark.parametrize("with_log_q", [False, True])
+@pytest.mark.parametrize(("sizes", "S"), [([1], 1), ([3, 0, 5, 1], 4), ([40, 17, 60], 300)])
+def test_fused_grouped_sampled_softmax_matches_the_generic_path(
+    sizes: list[int], S: int, with_log_q: bool
+) -> None:
+    g = torch.Generator().manual_seed(sum(sizes) + S)
+    N, D = 23, 6
+    P = sum(sizes)
+    hidden = torch.randn(P, D, generator=g, requires_grad=True)
+    items = torch.randn(N + 1, D, generator=g, requires_grad=True)
+    targets = torch.randint(1, N + 1, (P,), generator=g)
+    groups = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    # drawn with replacement from a small catalogue: duplicates and negatives equal to a
+    # position's own target both occur and must be handled as the generic path does
+    negatives = torch.randint(1, N + 1, (len(sizes), S), generator=g)
+    if P > 1:
+        negatives[groups[0], 0] = targets[0]
+    log_q = torch.randn(N + 1, generator=g) if with_log_q else None
+    expected = grouped_sampled_softmax_reference(hidden, items, targets, groups, negatives, log_q)
+    (2 * expected).backward()
+    grads = hidden.grad.clone(), items.grad.clone()  # type: ignore[union-attr]
+    hidden.grad, items.grad = None, None
+    fused = fused_grouped_sampled_softmax(hidden, items, targets, groups, negatives, log_q)
+    (2 * fused).backward()
+    torch.testing.assert_close(fused, expected)
+    torch.testing.assert_close(hidden.grad, grads[0])
+    torch.testing.assert_close(items.grad, grads[1])
+
+
+def test_fused_grouped_sampled_softmax_wants_each_group_in_one_run() -> None:
+    hidden, items = torch.randn(3, 2), torch.randn(5, 2)
+    with pytest.raises(ValueError, match="consecutive"):
+        fused_grouped_sampled_softmax(
+            hidden, items, torch.tensor([1, 2, 3]), torch.tensor([0, 1, 0]), torch.ones(2, 3)
+        )
 
 
 def test_gbce_by_hand_and_its_limits() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from seqrec.batch import PAD_ID, BatchNeeds
 from seqrec.config import Batching
-from seqrec.data.batches import TrainBatches, target_counts
+from seqrec.data.batches import SeenIndex, TrainBatches, sample_negatives, target_counts
 from seqrec.data.sequences import Sequences
 
 ROWS = [[1, 2, 3, 4], [2, 3], [5], [3, 1, 2, 3, 6, 2], [4, 2, 7]]
@@ -67,6 +67,19 @@ def test_shared_negatives_are_one_set_per_row() -> None:
     assert batch.negatives is not None
     assert batch.negatives.shape == (2, 4)
     assert not set(batch.negatives[0].tolist()) & set(ROWS[0])
+
+
+def test_many_negatives_avoid_a_history_that_covers_most_of_the_catalogue() -> None:
+    # Row 0 has seen 95 of 100 items: about 19 of 20 draws are rejected, round after round.
+    num_items = 100
+    sequences = Sequences.from_lists([list(range(1, 96)), [1, 2]])
+    seen = SeenIndex(sequences, num_items)
+    rows = np.array([0, 1, 0])
+    drawn = sample_negatives(rows, (3000,), seen, num_items, np.random.default_rng(0))
+    assert drawn.shape == (3, 3000)
+    assert set(drawn[0].tolist()) == set(drawn[2].tolist()) == {96, 97, 98, 99, 100}
+    assert not set(drawn[1].tolist()) & {1, 2}
+    assert len(set(drawn[1].tolist())) == 98  # every unseen item turns up among 3,000 draws
 
 
 def test_popularity_sampler_follows_target_counts() -> None:

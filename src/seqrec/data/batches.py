@@ -106,21 +106,25 @@ def sample_negatives(
     seen: SeenIndex,
     num_items: int,
     rng: np.random.Generator,
-    max_rounds: int = 64,
+    max_rounds: int = 1000,
     draw: ItemDraw | None = None,
 ) -> npt.NDArray[np.int64]:
     """Items that row ``rows[b]`` never contains, (B, *shape); uniform from 1..N unless
-    ``draw`` says otherwise."""
+    ``draw`` says otherwise. Only a row that has seen (nearly) every item the draw can give
+    keeps seen items after ``max_rounds`` rounds of redrawing."""
     draw = draw or uniform_items(num_items)
-    out = draw(rng, len(rows) * int(np.prod(shape))).reshape(len(rows), *shape)
-    row_grid = rows.reshape(-1, *([1] * len(shape)))
-    bad = seen.contains(row_grid, out)
-    for _ in range(max_rounds):  # rejection sampling; each round redraws only the rejected
-        if not bad.any():
+    per_row = int(np.prod(shape))
+    out = draw(rng, len(rows) * per_row)
+    row_of = np.repeat(rows, per_row)
+    bad = np.flatnonzero(seen.contains(row_of, out))
+    # Rejection sampling: each round redraws, and checks again, only the rejected draws, so
+    # a user who has seen most of the catalogue costs rounds over a shrinking remainder.
+    for _ in range(max_rounds):
+        if len(bad) == 0:
             break
-        out[bad] = draw(rng, int(bad.sum()))
-        bad = seen.contains(np.broadcast_to(row_grid, out.shape), out)
-    return out
+        out[bad] = draw(rng, len(bad))
+        bad = bad[seen.contains(row_of[bad], out[bad])]
+    return out.reshape(len(rows), *shape)
 
 
 def target_counts(sequences: Sequences, num_items: int) -> npt.NDArray[np.int64]:

@@ -25,6 +25,7 @@ from seqrec.losses import (
     bpr,
     bpr_max,
     fused_full_ce,
+    fused_grouped_sampled_softmax,
     gbce,
     sampled_softmax,
     top1_max,
@@ -161,6 +162,19 @@ def sampled_item_loss(
     return _sampled_loss(config)(pos_logits, neg_logits, valid)
 
 
+def _shared_negatives(
+    config: ItemLossConfig, batch: SeqBatch, positions: Positions
+) -> tuple[Tensor, Tensor] | None:
+    """(groups (P,), negatives (G, S)) when positions share negatives: one set for the whole
+    batch (in-batch) or one per row; None for negatives drawn per position."""
+    if config.negative_sampler == "in_batch":
+        shared = in_batch_negatives(config, positions.targets)
+        return torch.zeros_like(positions.targets), shared.unsqueeze(0)
+    if batch.negatives is not None and batch.negatives.dim() == 2:
+        return positions.rows, batch.negatives.long()
+    return None
+
+
 def dot_product_loss(
     config: ItemLossConfig,
     hidden: Tensor,
@@ -182,16 +196,21 @@ def dot_product_loss(
     targets = positions.targets
     if config.loss == "ce":
         return fused_full_ce(h, items, targets)
+    shared = _shared_negatives(config, batch, positions)
+    if config.loss == "sampled_softmax" and shared is not None:
+        groups, negatives = shared
+        log_q = batch.log_q if config.logq_correction else None
+        return fused_grouped_sampled_softmax(h, items, targets, groups, negatives, log_q)
     pos = (h * F.embedding(targets, items)).sum(-1)  # (P,)
-    if config.negative_sampler == "in_batch":  # one (P, D) x (D, S) product
-        shared = in_batch_negatives(config, targets)
-        neg = h @ F.embedding(shared, items).T
-        negatives = shared.unsqueeze(0).expand_as(neg)
-    elif batch.negatives is not None and batch.negatives.dim() == 2:  # (B, S) per row
-        per_row = batch.negatives.long()
-        neg = positions.select(torch.bmm(hidden, F.embedding(per_row, items).transpose(1, 2)))
-        negatives = per_row.index_select(0, positions.rows)
-    else:  # (B, L, S) per position
+    if shared is None:  # (B, L, S) per position
         negatives = batch_negatives(config, batch, positions)
         neg = torch.einsum("pd,psd->ps", h, F.embedding(negatives, items))
+    elif config.negative_sampler == "in_batch":  # one (P, D) x (D, S) product
+        in_batch = shared[1][0]
+        neg = h @ F.embedding(in_batch, items).T
+        negatives = in_batch.unsqueeze(0).expand_as(neg)
+    else:  # (B, S) per row
+        per_row = shared[1]
+        neg = positions.select(torch.bmm(hidden, F.embedding(per_row, items).transpose(1, 2)))
+        negatives = per_row.index_select(0, positions.rows)
     return sampled_item_loss(config, pos, neg, targets, negatives, batch.log_q)
