@@ -9,9 +9,11 @@ from torch import Tensor
 
 PAD_ID = 0  # item id 0 is padding everywhere; real items are 1..num_items
 
-# How training negatives are drawn: uniformly or by training popularity (both excluding the
-# user's own items), or taken from the other targets of the same batch.
-NegativeSampler = Literal["uniform", "popularity", "in_batch"]
+# How training negatives are drawn: uniformly or by training popularity (both with
+# replacement, excluding the user's own items), or taken from the other targets of the same
+# batch; "distinct": S different items drawn uniformly without replacement from those outside
+# the row's training window, one set per row (the sampler of Klenitskiy & Vasilev's SASRec+).
+NegativeSampler = Literal["uniform", "popularity", "in_batch", "distinct"]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,13 @@ import pytest
 
 from seqrec.batch import PAD_ID, BatchNeeds
 from seqrec.config import Batching
-from seqrec.data.batches import SeenIndex, TrainBatches, sample_negatives, target_counts
+from seqrec.data.batches import (
+    SeenIndex,
+    TrainBatches,
+    distinct_negatives,
+    sample_negatives,
+    target_counts,
+)
 from seqrec.data.sequences import Sequences
 
 ROWS = [[1, 2, 3, 4], [2, 3], [5], [3, 1, 2, 3, 6, 2], [4, 2, 7]]
@@ -80,6 +86,46 @@ def test_many_negatives_avoid_a_history_that_covers_most_of_the_catalogue() -> N
     assert set(drawn[0].tolist()) == set(drawn[2].tolist()) == {96, 97, 98, 99, 100}
     assert not set(drawn[1].tolist()) & {1, 2}
     assert len(set(drawn[1].tolist())) == 98  # every unseen item turns up among 3,000 draws
+
+
+def test_distinct_negatives_are_different_items_outside_the_window_uniformly() -> None:
+    windows = np.array([[0, 0, 3, 4], [1, 2, 2, 9]])  # PAD_ID entries are no items
+    rng = np.random.default_rng(0)
+    counts = np.zeros((2, 11), dtype=np.int64)
+    for _ in range(2000):
+        drawn = distinct_negatives(windows, 4, 10, rng)
+        assert drawn.shape == (2, 4)
+        for row in range(2):
+            assert len(set(drawn[row].tolist())) == 4
+        np.add.at(counts, (np.array([[0], [1]]), drawn), 1)
+    assert counts[0, [0, 3, 4]].sum() == 0
+    assert counts[1, [0, 1, 2, 9]].sum() == 0
+    # 4 of the 8 (row 0) or 7 (row 1) allowed items each time: 1000 and ~1143 draws apiece
+    allowed_0 = counts[0, [1, 2, 5, 6, 7, 8, 9, 10]]
+    allowed_1 = counts[1, [3, 4, 5, 6, 7, 8, 10]]
+    assert np.abs(allowed_0 - 1000).max() < 120
+    assert np.abs(allowed_1 - 8000 / 7).max() < 120
+    distinct_negatives(windows, 7, 10, rng)  # every item row 1 may have
+    with pytest.raises(ValueError, match="leaves only 7 of the 10 items"):
+        distinct_negatives(windows, 8, 10, rng)
+
+
+def test_the_distinct_sampler_avoids_the_trained_window_not_the_whole_history() -> None:
+    batches = make(
+        BatchNeeds(num_negatives=6, negative_sampler="distinct", shared_negatives=True),
+        max_seq_len=2,
+    )
+    batch = batches.batch(np.array([3, 0]), np.random.default_rng(4))
+    assert batch.negatives is not None
+    # row 3 is [3, 1, 2, 3, 6, 2]: its window is the newest 3 items, [3, 6, 2], so item 1,
+    # which the user has seen earlier, is a negative; row 0's window is [2, 3, 4]
+    assert set(batch.negatives[0].tolist()) == {1, 4, 5, 7, 8, 9}
+    assert set(batch.negatives[1].tolist()) == {1, 5, 6, 7, 8, 9}
+    with pytest.raises(ValueError, match="at most 9 items - 3 of a training window"):
+        make(
+            BatchNeeds(num_negatives=7, negative_sampler="distinct", shared_negatives=True),
+            max_seq_len=2,
+        )
 
 
 def test_popularity_sampler_follows_target_counts() -> None:

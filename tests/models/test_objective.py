@@ -64,6 +64,15 @@ def test_an_unknown_loss_lists_the_menu() -> None:
             BatchNeeds(num_negatives=4),
         ),
         (
+            {
+                "loss": "sampled_softmax",
+                "negative_sampler": "distinct",
+                "num_negatives": 4,
+                "shared_negatives": True,
+            },
+            BatchNeeds(num_negatives=4, negative_sampler="distinct", shared_negatives=True),
+        ),
+        (
             {"loss": "gbce", "num_negatives": 9, "shared_negatives": True},
             BatchNeeds(num_negatives=9, shared_negatives=True),
         ),
@@ -71,6 +80,11 @@ def test_an_unknown_loss_lists_the_menu() -> None:
 )
 def test_batch_needs_follow_the_loss(settings: dict[str, Any], needs: BatchNeeds) -> None:
     assert sasrec(**settings).batch_needs == needs
+
+
+def test_the_distinct_sampler_draws_one_set_per_sequence() -> None:
+    with pytest.raises(ConfigError, match="set model.shared_negatives: true"):
+        sasrec(loss="sampled_softmax", negative_sampler="distinct", num_negatives=4)
 
 
 def real_states(model: SASRec, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -127,6 +127,29 @@ def sample_negatives(
     return out.reshape(len(rows), *shape)
 
 
+def distinct_negatives(
+    windows: IntArray, count: int, num_items: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """``count`` different items per row, uniformly without replacement from 1..N minus the
+    row's ``windows`` (B, W) items (PAD_ID entries are ignored): (B, count).
+
+    Each row ranks all N items by a uniform random key, with the window's items and padding
+    keyed last, and keeps the ``count`` smallest keys.
+    """
+    rows = len(windows)
+    keys = rng.random((rows, num_items + 1))
+    keys[:, PAD_ID] = 2.0
+    keys[np.arange(rows)[:, None], windows] = 2.0
+    if count > num_items - windows.shape[1]:
+        allowed = (keys < 2.0).sum(axis=1)
+        if (allowed < count).any():
+            raise ValueError(
+                f"{count} distinct negatives asked for, but a training window leaves only "
+                f"{int(allowed.min())} of the {num_items} items; lower model.num_negatives"
+            )
+    return np.argpartition(keys, count - 1, axis=1)[:, :count].astype(np.int64)
+
+
 def target_counts(sequences: Sequences, num_items: int) -> npt.NDArray[np.int64]:
     """(N + 1,) how often each item is a next-item target (every item but a row's first)."""
     first = np.zeros(len(sequences.items), dtype=bool)
@@ -211,6 +234,15 @@ class TrainBatches:
         needs = self.needs
         if needs.prefix_examples and self.windows != "last":
             raise ValueError("prefix examples train on every target already; use windows='last'")
+        window_size = self.max_seq_len + 1  # a row's inputs and its newest label
+        if needs.negative_sampler == "distinct" and needs.num_negatives > (
+            self.num_items - window_size
+        ):
+            raise ValueError(
+                f"model.num_negatives = {needs.num_negatives} distinct negatives need at most "
+                f"{self.num_items} items - {window_size} of a training window = "
+                f"{self.num_items - window_size}"
+            )
         lengths = self.sequences.lengths
         # Without prefix examples a row r is the window of ``items`` before the exclusive end
         # _window_end[r] of sequence _window_seq[r]; with windows="last" r is the sequence.
@@ -227,7 +259,8 @@ class TrainBatches:
             self._rows = np.flatnonzero(~first)
         self._row_lengths = self._history_lengths()
         counts = target_counts(self.sequences, self.num_items)
-        self._seen = SeenIndex(self.sequences, self.num_items) if needs.num_negatives else None
+        excludes_history = needs.num_negatives and needs.negative_sampler != "distinct"
+        self._seen = SeenIndex(self.sequences, self.num_items) if excludes_history else None
         self._draw = uniform_items(self.num_items)
         weights = np.ones(self.num_items + 1)
         weights[PAD_ID] = 0.0
@@ -310,7 +343,7 @@ class TrainBatches:
         return SeqBatch(
             input_ids=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),
-            negatives=self._negatives(seqs, real, rng),
+            negatives=self._negatives(seqs, real, np.hstack([inputs, labels[:, -1:]]), rng),
             users=torch.from_numpy(self.users[seqs].astype(np.int64)),
             log_q=self._log_q,
             same_target_ids=self._same_target_histories(ends - 1, rng),
@@ -327,18 +360,26 @@ class TrainBatches:
         return SeqBatch(
             input_ids=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),
-            negatives=self._negatives(rows, labels != PAD_ID, rng),
+            negatives=self._negatives(rows, labels != PAD_ID, np.hstack([inputs, labels]), rng),
             users=torch.from_numpy(self.users[rows].astype(np.int64)),
             log_q=self._log_q,
             same_target_ids=self._same_target_histories(targets, rng),
         )
 
     def _negatives(
-        self, rows: IntArray, real: npt.NDArray[np.bool_], rng: np.random.Generator
+        self,
+        rows: IntArray,
+        real: npt.NDArray[np.bool_],
+        window: IntArray,
+        rng: np.random.Generator,
     ) -> torch.Tensor | None:
+        """Negatives of a batch of ``rows``; ``window`` (B, W) holds each row's trained items
+        (inputs and labels, PAD_ID where there are none)."""
+        S = self.needs.num_negatives
+        if S and self.needs.negative_sampler == "distinct":  # (B, S)
+            return torch.from_numpy(distinct_negatives(window, S, self.num_items, rng))
         if self._seen is None:
             return None
-        S = self.needs.num_negatives
         if self.needs.shared_negatives:  # (B, S)
             return torch.from_numpy(
                 sample_negatives(rows, (S,), self._seen, self.num_items, rng, draw=self._draw)

@@ -67,6 +67,11 @@ class ItemLossConfig(ModelConfig):
             raise ConfigError(f"model.gbce_t must be in [0, 1], got {self.gbce_t}")
         if self.sampling_alpha < 0.0:
             raise ConfigError(f"model.sampling_alpha must be >= 0, got {self.sampling_alpha}")
+        if self.negative_sampler == "distinct" and not self.shared_negatives:
+            raise ConfigError(
+                "model.negative_sampler 'distinct' draws one set per sequence; "
+                "set model.shared_negatives: true"
+            )
 
     @property
     def batch_needs(self) -> BatchNeeds:
@@ -79,7 +84,7 @@ class ItemLossConfig(ModelConfig):
             negative_sampler=self.negative_sampler,
             shared_negatives=self.shared_negatives,
             sampling_alpha=self.sampling_alpha,
-            log_q=corrected and self.negative_sampler != "uniform",
+            log_q=corrected and self.negative_sampler not in ("uniform", "distinct"),
         )
 
 
