@@ -57,6 +57,7 @@ VARIANTS = {
     ("ml-1m_sasrec-ce", "ml-1m_sasrec-ce-3000"): {
         "model.loss",
         "model.num_negatives",
+        "model.negative_sampler",
         "model.shared_negatives",
     },
     **{
