@@ -343,7 +343,7 @@ class TrainBatches:
         return SeqBatch(
             input_ids=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),
-            negatives=self._negatives(seqs, real, np.hstack([inputs, labels[:, -1:]]), rng),
+            negatives=self._negatives(seqs, inputs, labels, rng),
             users=torch.from_numpy(self.users[seqs].astype(np.int64)),
             log_q=self._log_q,
             same_target_ids=self._same_target_histories(ends - 1, rng),
@@ -360,23 +360,19 @@ class TrainBatches:
         return SeqBatch(
             input_ids=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),
-            negatives=self._negatives(rows, labels != PAD_ID, np.hstack([inputs, labels]), rng),
+            negatives=self._negatives(rows, inputs, labels, rng),
             users=torch.from_numpy(self.users[rows].astype(np.int64)),
             log_q=self._log_q,
             same_target_ids=self._same_target_histories(targets, rng),
         )
 
     def _negatives(
-        self,
-        rows: IntArray,
-        real: npt.NDArray[np.bool_],
-        window: IntArray,
-        rng: np.random.Generator,
+        self, rows: IntArray, inputs: IntArray, labels: IntArray, rng: np.random.Generator
     ) -> torch.Tensor | None:
-        """Negatives of a batch of ``rows``; ``window`` (B, W) holds each row's trained items
-        (inputs and labels, PAD_ID where there are none)."""
+        """Negatives of a batch of ``rows`` with (B, L) ``inputs`` and ``labels``."""
         S = self.needs.num_negatives
-        if S and self.needs.negative_sampler == "distinct":  # (B, S)
+        if S and self.needs.negative_sampler == "distinct":  # (B, S), none from the window
+            window = np.hstack([inputs, labels])  # the row's trained items, PAD_ID elsewhere
             return torch.from_numpy(distinct_negatives(window, S, self.num_items, rng))
         if self._seen is None:
             return None
@@ -385,9 +381,9 @@ class TrainBatches:
                 sample_negatives(rows, (S,), self._seen, self.num_items, rng, draw=self._draw)
             )
         neg = sample_negatives(
-            rows, (real.shape[1], S), self._seen, self.num_items, rng, draw=self._draw
+            rows, (labels.shape[1], S), self._seen, self.num_items, rng, draw=self._draw
         )
-        return torch.from_numpy(np.where(real[..., None], neg, PAD_ID))  # (B, L, S)
+        return torch.from_numpy(np.where((labels != PAD_ID)[..., None], neg, PAD_ID))
 
     def _same_target_histories(
         self, last: IntArray, rng: np.random.Generator

@@ -211,11 +211,11 @@ def dot_product_loss(
         negatives = batch_negatives(config, batch, positions)
         neg = torch.einsum("pd,psd->ps", h, F.embedding(negatives, items))
     elif config.negative_sampler == "in_batch":  # one (P, D) x (D, S) product
-        in_batch = shared[1][0]
+        in_batch = shared[1].squeeze(0)  # (S,): the batch's single group
         neg = h @ F.embedding(in_batch, items).T
         negatives = in_batch.unsqueeze(0).expand_as(neg)
     else:  # (B, S) per row
-        per_row = shared[1]
+        _, per_row = shared
         neg = positions.select(torch.bmm(hidden, F.embedding(per_row, items).transpose(1, 2)))
         negatives = per_row.index_select(0, positions.rows)
     return sampled_item_loss(config, pos, neg, targets, negatives, batch.log_q)
