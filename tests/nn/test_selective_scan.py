@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -408,6 +409,35 @@ print(layouts(k.scan_forward_kernel), layouts(k.scan_backward_kernel))
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["['C'] []", "['A', 'C'] []"]
+
+
+def test_numba_uses_full_avx512_vectors_unless_the_user_chose_the_features() -> None:
+    """On a CPU with AVX-512 the kernels are compiled without LLVM's preference for 256-bit
+    vectors; elsewhere, and whenever NUMBA_CPU_FEATURES is set, numba's choice stands."""
+    script = """
+import numba
+from numba.core.codegen import get_host_cpu_features
+from seqrec.nn import scan_kernel
+print(get_host_cpu_features())
+print(numba.config.CPU_FEATURES)
+"""
+
+    def features_after_import(env: dict[str, str]) -> tuple[str, str]:
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        host, chosen = done.stdout.splitlines()
+        return host, chosen
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    host, chosen = features_after_import(env)
+    if "+avx512f" in host.split(","):
+        assert chosen == host + ",-prefer-256-bit"
+    else:
+        assert chosen == "None"
+    _, chosen = features_after_import({**env, "NUMBA_CPU_FEATURES": "+sse2"})
+    assert chosen == "+sse2"
 
 
 def test_numba_keeps_the_input_dtype_and_only_its_inputs_get_gradients() -> None:
