@@ -206,6 +206,52 @@ def test_attention_in_blocks_equals_attention_over_every_position(with_own_keys:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("newest_only", [False, True])
+def test_recency_bias_counts_distance_from_each_groups_newest_position(newest_only: bool) -> None:
+    """A large bias at distance 0 makes each group read only its newest position: its prefix's
+    last item, or the row's newest; blocks of groups change nothing."""
+    torch.manual_seed(0)
+    B, L, R, D = 3, 7, 2, 8
+    attention = recrec.GroupAttention(D, num_heads=2, bias=True)
+    real = torch.arange(L).expand(B, L) >= torch.tensor([[0], [2], [5]])
+    mask = prefix_mask(real, newest_only)
+    G = mask.size(1)
+    x, hidden = torch.randn(B, G, R, D), torch.randn(B, L, D)
+    keys = attention.keys(hidden)
+    recency = torch.zeros(2, L)
+    recency[:, 0] = 50.0
+    out = attention(x, None, keys, Reads.of(mask, block=2), recency)
+    values = keys[1].movedim(1, 2).reshape(B, L, D)  # (B, L, D), heads side by side
+    newest = torch.arange(L).expand(B, L) if not newest_only else torch.full((B, 1), L - 1)
+    expected = attention.proj(values.gather(1, newest.unsqueeze(-1).expand(B, G, D)))
+    torch.testing.assert_close(out, expected.unsqueeze(2).expand(B, G, R, D))
+    random = torch.randn(2, L)
+    blocked = attention(x, None, keys, Reads.of(mask, block=2), random)
+    whole = attention(x, None, keys, Reads(mask, ((slice(0, G), slice(0, L)),)), random)
+    torch.testing.assert_close(blocked, whole)
+
+
+def test_compressor_recency_starts_as_the_plain_compressor_and_packs_as_the_grid(
+    batch: SeqBatch,
+) -> None:
+    plain, biased = make().eval(), make(compressor_recency=True).eval()
+    biased.load_state_dict(plain.state_dict(), strict=False)
+    recency = [layer.recency for layer in biased.compressor.layers]
+    assert all(isinstance(r, torch.nn.Parameter) and not r.any() for r in recency)
+    real = batch.labels != PAD_ID
+    with torch.no_grad():
+        expected = plain.encode(batch.input_ids, newest_only=False).interests
+        torch.testing.assert_close(
+            biased.encode(batch.input_ids, newest_only=False).interests, expected
+        )
+        for r in recency:
+            r.normal_()
+        grid = biased.encode(batch.input_ids, newest_only=False).interests
+        packed = biased.encode(batch.input_ids, newest_only=False, groups=real).interests
+    assert not torch.allclose(grid[real], expected[real])
+    torch.testing.assert_close(packed[:, 0], grid[real])
+
+
 # ------------------------------------------------------------------ scoring and losses
 def test_log_mean_exp_scoring_by_hand() -> None:
     interests = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])  # (1, R=2, D=2)

@@ -131,6 +131,9 @@ class RecRecConfig(ModelConfig):
     # the same number of weights in its three matrices.
     ffn_size: int | None = None
     compressor_dropout: float = 0.1  # stays on in stage 2 (a regulariser)
+    # A learned bias per head on the compressor's cross-attention scores, by a position's
+    # distance from the history's newest item (zero at init: the specification's compressor).
+    compressor_recency: bool = False
     # Stage 2: the frozen backbone draws its dropout in training as in stage 1 (its hidden
     # states of the training prefixes are then noisy, as they were when it learned them).
     stage2_backbone_dropout: bool = False
@@ -473,7 +476,10 @@ class GroupAttention(nn.Module):
         own: KeysValues | None,
         shared: KeysValues | None = None,
         reads: Reads | None = None,
+        recency: Tensor | None = None,
     ) -> Tensor:
+        """``recency`` (H, distances), with shared keys only: added to the scores of a shared
+        position by its distance from the newest position its group reads."""
         B, G, R, D = x.shape
         H = self.num_heads
         q = self.q(x).view(B, G, R, H, D // H).movedim(3, 1) / math.sqrt(D // H)  # (B, H, G, R, d)
@@ -490,6 +496,7 @@ class GroupAttention(nn.Module):
                         None if own is None else (own[0][:, :, groups], own[1][:, :, groups]),
                         shared,
                         block,
+                        recency,
                     )
                     for groups, block in reads.split()
                 ],
@@ -498,7 +505,13 @@ class GroupAttention(nn.Module):
         return self.proj(out.movedim(1, 3).reshape(B, G, R, D))
 
     @staticmethod
-    def _block(q: Tensor, own: KeysValues | None, shared: KeysValues, block: Reads) -> Tensor:
+    def _block(
+        q: Tensor,
+        own: KeysValues | None,
+        shared: KeysValues,
+        block: Reads,
+        recency: Tensor | None = None,
+    ) -> Tensor:
         """The attention of the queries (B, H, g, R, d) of one block of groups over their own
         keys and the shared positions of the block's span, outside which they read nothing."""
         B, H, g, R, d = q.shape
@@ -506,6 +519,8 @@ class GroupAttention(nn.Module):
         keys, values = shared[0][:, :, span], shared[1][:, :, span]
         s = q.reshape(B, H, g * R, d) @ keys.transpose(-1, -2)  # (B, H, g * R, l)
         s = s.view(B, H, g, R, -1)
+        if recency is not None:
+            s = s + recency_bias(recency, block.mask, span)
         s.masked_fill_(~block.mask[:, None, :, None, span], float("-inf"))
         if own is None:
             weights = s.softmax(dim=-1)
@@ -516,6 +531,17 @@ class GroupAttention(nn.Module):
         to_own, to_shared = scores.softmax(dim=-1).split_with_sizes([C, s.size(-1)], dim=-1)
         from_shared = to_shared.reshape(B, H, g * R, -1) @ values
         return to_own @ own_values + from_shared.view(B, H, g, R, d)
+
+
+def recency_bias(recency: Tensor, mask: Tensor, span: slice) -> Tensor:
+    """Scores to add for the positions ``span`` of H: (H, n) biases by distance from each
+    group's newest position, (B, g, L) reads -> (B, H, g, 1, span). Every group reads its own
+    position, its newest: that of its prefix, the row's newest, or a packed group's own."""
+    L = mask.size(-1)
+    newest = L - 1 - mask.flip(-1).int().argmax(dim=-1)  # (B, g)
+    positions = torch.arange(L, device=mask.device)[span]
+    distance = (newest.unsqueeze(-1) - positions).clamp_(0, recency.size(1) - 1)  # (B, g, l)
+    return recency[:, distance].movedim(0, 1).unsqueeze(3)
 
 
 class CompressorLayer(nn.Module):
@@ -532,10 +558,15 @@ class CompressorLayer(nn.Module):
         self.ln_ffn = nn.LayerNorm(D)
         self.ffn = nn.Sequential(Linear(D, inner), nn.GELU(), Linear(inner, D))
         self.dropout = Dropout(config.compressor_dropout)
+        self.recency = (
+            nn.Parameter(torch.zeros(config.attention_heads, config.max_seq_len))
+            if config.compressor_recency
+            else None
+        )
 
     def forward(self, z: Tensor, keys: KeysValues, reads: Reads) -> Tensor:
         """z: (B, G, R, D); keys: the cross-attention's keys of H_bar (``crossattn.keys``)."""
-        attended = self.crossattn(self.ln_crossattn(z), None, keys, reads)
+        attended = self.crossattn(self.ln_crossattn(z), None, keys, reads, self.recency)
         z = z + self.dropout(attended)
         y = self.ln_selfattn(z)
         # among the R interests of a group: no positions, no mask
