@@ -358,14 +358,23 @@ def test_stage_2_freezes_backbone_and_compressor(batch: SeqBatch) -> None:
     )
 
 
+@pytest.mark.parametrize("recency", [False, True], ids=["plain", "recency"])
 @pytest.mark.parametrize("pack_below", [0.0, 2.0], ids=["grid", "packed"])
 def test_packed_groups_reason_as_the_full_grid(
-    batch: SeqBatch, pack_below: float, monkeypatch: pytest.MonkeyPatch
+    batch: SeqBatch, pack_below: float, recency: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Packed, only the labelled groups are computed; their states, at every depth, and the
     deep-supervision loss are those of the same groups in the (B, G) grid."""
     monkeypatch.setattr(recrec, "PACK_BELOW", pack_below)  # training packs every part, or none
-    model = randomise_reasoner(make(**STAGE_2, compressor_dropout=0.0)).train()
+    switches = {"compressor_recency": recency, "reasoner_recency": recency}
+    model = randomise_reasoner(make(**STAGE_2, **switches, compressor_dropout=0.0)).train()
+    if recency:
+        assert model.reasoner is not None
+        assert model.reasoner.recency is not None
+        with torch.no_grad():
+            model.reasoner.recency.normal_()
+            for layer in model.compressor.layers:
+                layer.recency.normal_()
     real = batch.labels != PAD_ID
     assert not real.all()  # the batch has padded positions to leave out
     with torch.no_grad():
@@ -380,6 +389,22 @@ def test_packed_groups_reason_as_the_full_grid(
     targets = batch.labels[real]
     rounds = [model.objective(grid_states[n][real], targets)[0] for n in (2, 4)]
     torch.testing.assert_close(loss, torch.stack(rounds).mean())
+
+
+def test_reasoner_recency_starts_at_zero_and_is_trained_in_stage_2(batch: SeqBatch) -> None:
+    plain = randomise_reasoner(make(**STAGE_2)).eval()
+    biased = make(**STAGE_2, reasoner_recency=True).eval()
+    biased.load_state_dict(plain.state_dict(), strict=False)
+    assert biased.reasoner is not None
+    assert biased.reasoner.recency is not None
+    assert not biased.reasoner.recency.any()
+    with torch.no_grad():
+        torch.testing.assert_close(biased.score(batch.input_ids), plain.score(batch.input_ids))
+    biased.train()
+    biased(batch).loss.backward()
+    trained = {name for name, p in biased.named_parameters() if p.grad is not None}
+    assert "reasoner.recency" in trained
+    assert not any(name.startswith(("backbone.", "compressor.")) for name in trained)
 
 
 def test_stage_2_keeps_compressor_dropout_on_and_the_backbone_deterministic(

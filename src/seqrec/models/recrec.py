@@ -31,6 +31,13 @@ Choices the specification leaves open, and deviations, all deliberate:
   state at the first step, while the frozen item embeddings fix the logit scale: on ML-100K
   its stage 2 started far below stage 1 (valid NDCG@10 0.042 after one epoch against 0.087)
   and recovered slowly. With ``gru`` a step is the identity while the Reasoner is.
+- ``compressor_recency`` and ``reasoner_recency`` (off by default, not in the
+  specification) add a learned bias per head and distance to the scores of H's positions in
+  the compressor's cross-attention and in the scratchpad's attention over H. Both read H as a
+  set, and a SASRec backbone trained on every prefix numbers positions from the oldest item
+  (so that a prefix's states do not depend on later items): nothing in H then marks which
+  position is a history's newest, the item a last-position readout leans on most. The bias
+  counts the distance from each history's newest position; it starts at zero.
 - The BERT4Rec backbone is used without its [MASK] token and output head (RecRec's
   interests and scoring replace them); those weights are frozen and unused.
 - Compressor and reasoner FFN widths, head counts, the compressor depth, lambda_IDR, tau
@@ -115,6 +122,7 @@ class RecRecConfig(ModelConfig):
         "steps_per_round",
         "rounds",
         "gate",
+        "reasoner_recency",
     )
     backbone: BackboneName = "sasrec"
     hidden_size: int = 64  # d of the backbone, the interests and the reasoner
@@ -134,6 +142,8 @@ class RecRecConfig(ModelConfig):
     # A learned bias per head on the compressor's cross-attention scores, by a position's
     # distance from the history's newest item (zero at init: the specification's compressor).
     compressor_recency: bool = False
+    # The same for the reasoner's attention of S over H (stage 2; zero at init).
+    reasoner_recency: bool = False
     # Stage 2: the frozen backbone draws its dropout in training as in stage 1 (its hidden
     # states of the training prefixes are then noisy, as they were when it learned them).
     stage2_backbone_dropout: bool = False
@@ -633,6 +643,11 @@ class Reasoner(nn.Module):
         self.attn = GroupAttention(D, config.attention_heads, bias=False)
         self.ln_ffn = nn.LayerNorm(D)
         self.ffn = SwiGLU(D, max(1, 2 * (config.ffn_size or 4 * D) // 3))
+        self.recency = (
+            nn.Parameter(torch.zeros(config.attention_heads, config.max_seq_len))
+            if config.reasoner_recency
+            else None
+        )
 
     def context(self, states: Tensor) -> KeysValues:
         """(B, ..., T, D) context states -> keys and values of LN_kv(states)."""
@@ -649,7 +664,7 @@ class Reasoner(nn.Module):
         query = self.ln_q(x)
         k, v = self.attn.keys(query)
         own = torch.cat([k, context[0]], dim=-2), torch.cat([v, context[1]], dim=-2)
-        x = x + self.attn(query, own, shared, reads)  # keys: [LN_q(X); LN_kv(C)]
+        x = x + self.attn(query, own, shared, reads, self.recency)  # keys: [LN_q(X); LN_kv(C)]
         return x + self.ffn(self.ln_ffn(x))
 
 
