@@ -64,8 +64,9 @@ def _full_width_vectors_on_avx512() -> None:
     the code around them. These kernels are long, dense runs of multiply-adds and the
     polynomial exp, where full width pays: on a core of an Intel Xeon with AVX-512 and AMX
     (which LLVM took for a Rocket Lake) the scan's forward + backward took 0.057-0.059 s with
-    512-bit vectors against 0.076 s without (batch 64 x 200, d_inner 128, N 32). A ``NUMBA_CPU_FEATURES`` set by the user wins; like the threading
-    layer above, this only affects code numba compiles after it, in this process.
+    512-bit vectors against 0.076 s without (batch 64 x 200, d_inner 128, N 32). A
+    ``NUMBA_CPU_FEATURES`` set by the user wins; like the threading layer above, this only
+    affects code numba compiles after it, in this process.
     """
     if numba.config.CPU_FEATURES is not None:  # type: ignore[attr-defined]
         return
