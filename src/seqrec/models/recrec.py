@@ -554,6 +554,13 @@ def recency_bias(recency: Tensor, mask: Tensor, span: slice) -> Tensor:
     return recency[:, distance].movedim(0, 1).unsqueeze(3)
 
 
+def recency_parameter(config: RecRecConfig, enabled: bool) -> nn.Parameter | None:
+    """The biases of ``recency_bias``, (heads, max_seq_len) zeros, or None when switched off."""
+    if not enabled:
+        return None
+    return nn.Parameter(torch.zeros(config.attention_heads, config.max_seq_len))
+
+
 class CompressorLayer(nn.Module):
     """Z <- Z + CrossAttn(LN(Z), H_bar, H_bar); Z <- Z + SelfAttn(LN(Z)); Z <- Z + FFN(LN(Z))."""
 
@@ -568,11 +575,7 @@ class CompressorLayer(nn.Module):
         self.ln_ffn = nn.LayerNorm(D)
         self.ffn = nn.Sequential(Linear(D, inner), nn.GELU(), Linear(inner, D))
         self.dropout = Dropout(config.compressor_dropout)
-        self.recency = (
-            nn.Parameter(torch.zeros(config.attention_heads, config.max_seq_len))
-            if config.compressor_recency
-            else None
-        )
+        self.recency = recency_parameter(config, config.compressor_recency)
 
     def forward(self, z: Tensor, keys: KeysValues, reads: Reads) -> Tensor:
         """z: (B, G, R, D); keys: the cross-attention's keys of H_bar (``crossattn.keys``)."""
@@ -643,11 +646,7 @@ class Reasoner(nn.Module):
         self.attn = GroupAttention(D, config.attention_heads, bias=False)
         self.ln_ffn = nn.LayerNorm(D)
         self.ffn = SwiGLU(D, max(1, 2 * (config.ffn_size or 4 * D) // 3))
-        self.recency = (
-            nn.Parameter(torch.zeros(config.attention_heads, config.max_seq_len))
-            if config.reasoner_recency
-            else None
-        )
+        self.recency = recency_parameter(config, config.reasoner_recency)
 
     def context(self, states: Tensor) -> KeysValues:
         """(B, ..., T, D) context states -> keys and values of LN_kv(states)."""
