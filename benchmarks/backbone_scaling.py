@@ -231,10 +231,14 @@ def numba_kernel_call(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any) -> Cal
     grads = [like(ut), like(ut), empty(rows, state, channels)]
     grads += [like(Bt), like(Ct), empty(rows, channels)]
 
+    no_padding = np.zeros(rows, dtype=np.int64)
+
     def call() -> None:
         with numba_turn() as kernel:
-            kernel.scan_forward(ut, dt, At, Bt, Ct, skip, y, starts, last)
-            kernel.scan_backward(ut, dt, At, Bt, Ct, skip, starts, grad_y, grad_last, *grads)
+            kernel.scan_forward(ut, dt, At, Bt, Ct, skip, y, starts, last, no_padding)
+            kernel.scan_backward(
+                ut, dt, At, Bt, Ct, skip, starts, grad_y, grad_last, *grads, no_padding
+            )
 
     return call
 

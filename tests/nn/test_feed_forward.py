@@ -8,8 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqrec.nn.dropout import keep_scale
-from seqrec.nn.feed_forward import _masks, fused_ffn_applies, gelu_ffn_residual
+from seqrec.nn.feed_forward import (
+    INNER_MASK,
+    OUTER_MASK,
+    fused_ffn_applies,
+    gelu_ffn_residual,
+)
+from seqrec.nn.hashed_dropout import hashed_mask, stream_key
 
 WIDTH, INNER = 6, 24
 
@@ -28,12 +33,11 @@ def reference(x: Tensor, params: list[Tensor], p: float, seed: int, chunk: int) 
     for index, start in enumerate(range(0, flat.size(0), chunk)):
         x_c = flat[start : start + chunk]
         hidden = F.gelu(x_c @ w1.T + b1)
-        inner, outer = _masks(seed, index, x_c.size(0), INNER, WIDTH, p)
-        if inner is not None:
-            hidden = hidden * inner * keep_scale(p)
+        if p > 0:
+            hidden = hidden * hashed_mask(stream_key(seed, index, INNER_MASK), hidden.shape, p)
         mixed = hidden @ w2.T + b2
-        if outer is not None:
-            mixed = mixed * outer * keep_scale(p)
+        if p > 0:
+            mixed = mixed * hashed_mask(stream_key(seed, index, OUTER_MASK), mixed.shape, p)
         parts.append(x_c + mixed)
     return torch.cat(parts).view_as(x)
 

@@ -342,11 +342,55 @@ def the_two_layouts() -> set[tuple[Any, ...]]:
     return {sig.args for layout in ("C", "A") for sig in scan_kernel.scan_signatures(layout)}
 
 
+@pytest.mark.parametrize("length", [64, 101])
+def test_numba_skips_whole_segments_of_left_padding_and_writes_what_they_compute(
+    length: int,
+) -> None:
+    """Told how many leading steps of each row are padding (u = 0 and Delta = 0 there), the
+    kernel skips whole segments of them and writes every output, segment state and gradient
+    exactly as it does when it computes every step. Outputs start as NaN, so one left unwritten
+    shows."""
+    segment = scan_kernel.SEGMENT
+    pads = [0, 5, segment, segment + 1, 2 * segment + 3, length - 1, length, length + 7]
+    rows, channels, state = len(pads), 6, 4
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((rows, length, channels), dtype=np.float32)
+    delta = rng.random((rows, length, channels), dtype=np.float32)
+    for row, pad in enumerate(pads):
+        u[row, :pad], delta[row, :pad] = 0.0, 0.0
+    A = -rng.random((state, channels), dtype=np.float32) * 2
+    Bt, Ct = (rng.standard_normal((rows, length, state), dtype=np.float32) for _ in range(2))
+    skip = rng.standard_normal(channels, dtype=np.float32)
+    grad_y = rng.standard_normal((rows, length, channels), dtype=np.float32)
+    grad_last = rng.standard_normal((rows, state, channels), dtype=np.float32)
+    segments = -(-length // segment)
+
+    def nan(*shape: int) -> np.ndarray:
+        return np.full(shape, np.nan, dtype=np.float32)
+
+    def run(padding: list[int]) -> list[np.ndarray]:
+        y, starts, last = nan(*u.shape), nan(rows, segments, state, channels), nan(*grad_last.shape)
+        counts = np.array(padding, dtype=np.int64)
+        scan_kernel.scan_forward(u, delta, A, Bt, Ct, skip, y, starts, last, counts)
+        grads = [nan(*u.shape), nan(*u.shape), nan(rows, state, channels)]
+        grads += [nan(*Bt.shape), nan(*Ct.shape), nan(rows, channels)]
+        scan_kernel.scan_backward(
+            u, delta, A, Bt, Ct, skip, starts, grad_y, grad_last, *grads, counts
+        )
+        return [y, starts, last, *grads]
+
+    names = ["y", "starts", "last", "u", "delta", "A rows", "B", "C", "D rows"]
+    skipped, computed = run(pads), run([0] * rows)
+    for name, a, e in zip(names, skipped, computed, strict=True):
+        assert not np.isnan(a).any(), name
+        np.testing.assert_array_equal(a, e, err_msg=name)
+
+
 def test_a_scan_pass_called_with_the_wrong_number_of_arrays_says_how_many_it_takes() -> None:
     arrays = [np.zeros((1, 2, 3), dtype=np.float32)] * 2
-    with pytest.raises(TypeError, match="scan_forward_kernel takes 9 arrays, got 2"):
+    with pytest.raises(TypeError, match="scan_forward_kernel takes 10 arrays, got 2"):
         scan_kernel.scan_forward(*arrays)
-    with pytest.raises(TypeError, match="scan_backward_kernel takes 15 arrays, got 2"):
+    with pytest.raises(TypeError, match="scan_backward_kernel takes 16 arrays, got 2"):
         scan_kernel.scan_backward(*arrays)
 
 
@@ -398,10 +442,10 @@ rows, length, channels, state = 2, 5, 3, 4
 u, delta, Bt, Ct = (random(rows, length, n) for n in (channels, channels, state, state))
 A, skip = -random(state, channels), random(channels)
 starts, last = random(rows, 1, state, channels), random(rows, state, channels)
-k.scan_forward(u, delta, A, Bt, Ct, skip, np.empty_like(u), starts, last)
+k.scan_forward(u, delta, A, Bt, Ct, skip, np.empty_like(u), starts, last, np.zeros(rows, np.int64))
 print(layouts(k.scan_forward_kernel), layouts(k.scan_backward_kernel))
 u, delta, Bt, Ct = (x.copy(order="F") for x in (u, delta, Bt, Ct))
-k.scan_forward(u, delta, A, Bt, Ct, skip, np.empty_like(u), starts, last)
+k.scan_forward(u, delta, A, Bt, Ct, skip, np.empty_like(u), starts, last, np.zeros(rows, np.int64))
 print(layouts(k.scan_forward_kernel), layouts(k.scan_backward_kernel))
 """
     done = subprocess.run(

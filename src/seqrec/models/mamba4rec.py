@@ -228,7 +228,8 @@ class FeedForward(nn.Module):
     residual does not depend on the number of layers; dropout also after the GELU.
 
     On float32 CPU tensors everything before the LayerNorm is ``gelu_ffn_residual``: the
-    same computation (and dropout masks drawn the same way) with a fraction of the memory."""
+    same computation with a fraction of the memory, and dropout masks from a hash of each
+    element's index (``seqrec.nn.hashed_dropout``) instead of torch's generator."""
 
     def __init__(self, config: Mamba4RecConfig) -> None:
         super().__init__()

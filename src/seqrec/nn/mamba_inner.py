@@ -228,6 +228,15 @@ def _ssm_inputs(u: Tensor, w: _Weights) -> tuple[Tensor, Tensor, Tensor]:
     return low, B, C
 
 
+def _leading_padding(real: Tensor) -> Any:
+    """Each row's count of padded positions before its first real one, (B,) int64 numpy: u
+    and Delta are zero there (both are multiplied by ``real``), so the scan skips them."""
+    length = real.size(1)
+    is_real = real.ne(0)
+    first = torch.where(is_real.any(1), is_real.to(torch.uint8).argmax(1), length)
+    return first.to(torch.int64).numpy()
+
+
 def _forward_rows(
     w: _Weights, hidden: Tensor, real: Tensor, y: Tensor, starts: Tensor, out: Tensor
 ) -> None:
@@ -240,7 +249,9 @@ def _forward_rows(
     delta = _delta(low, w, real, out=torch.empty_like(u))
     last = xz.new_empty(rows, w.state, w.channels)
     with numba_turn() as kernel:
-        kernel.scan_forward(*numpy_views(u, delta, w.At, B, C, w.D, y, starts, last))
+        kernel.scan_forward(
+            *numpy_views(u, delta, w.At, B, C, w.D, y, starts, last), _leading_padding(real)
+        )
     if out.size(1) == 1 < length:  # the newest position only
         xz, y, delta = xz[:, -1:], y[:, -1:], delta[:, -1:]
     gated = torch.mul(F.silu(xz[..., w.channels :], inplace=False), y, out=delta)
@@ -295,6 +306,7 @@ def _backward_rows(
         kernel.scan_backward(
             *numpy_views(u, delta, w.At, B, C, w.D, starts, g_y, no_grad_last),
             *numpy_views(g_u, g_delta, g_A_rows, g_B, g_C, g_D_rows),
+            _leading_padding(real),
         )
     acc.At.add_(g_A_rows.sum(0))
     acc.D.add_(g_D_rows.sum(0))

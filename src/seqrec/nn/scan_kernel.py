@@ -22,7 +22,11 @@ A = -exp(A_log) guarantee); ``seqrec.nn.selective_scan`` checks both and handles
 Shapes (B rows, L steps, D channels, N states):
 
     u, delta, y: (B, L, D)   A: (N, D)   Bt, Ct: (B, L, N)   skip: (D,)
-    starts: (B, ceil(L / SEGMENT), N, D)   last: (B, N, D)
+    starts: (B, ceil(L / SEGMENT), N, D)   last: (B, N, D)   padding: (B,) int64
+
+``padding`` counts each row's leading padded steps (u = 0 and Delta = 0 there, as Mamba's
+block makes them): whole segments of them are skipped, their outputs written as the
+recurrence would. 0 everywhere computes every step.
 
 The causal depthwise convolution and SiLU in front of the scan (``conv_silu_forward`` /
 ``conv_silu_backward``) are here too, for the fused Mamba block of ``seqrec.nn.mamba_inner``:
@@ -49,6 +53,7 @@ from numba.extending import intrinsic
 from numpy.typing import NDArray
 
 F32 = NDArray[np.float32]
+I64 = NDArray[np.int64]
 
 # numba's own thread pool. Its OpenMP layer would share libgomp with torch and reset torch's
 # thread count (torch.get_num_threads() then changes under the user's feet). This takes
@@ -126,22 +131,36 @@ def exp_nonpositive_f32(x: np.float32) -> np.float32:
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
 def scan_forward_kernel(
-    u: F32, delta: F32, A: F32, Bt: F32, Ct: F32, skip: F32, y: F32, starts: F32, last: F32
+    u: F32,
+    delta: F32,
+    A: F32,
+    Bt: F32,
+    Ct: F32,
+    skip: F32,
+    y: F32,
+    starts: F32,
+    last: F32,
+    padding: I64,
 ) -> None:
     """y, the state before every segment (``starts``) and after the last step (``last``).
     Two steps per pass over the state, which then stays in registers between them (SEGMENT
-    is even, so a pair never straddles a segment start)."""
+    is even, so a pair never straddles a segment start). Row b's first ``padding[b]`` steps
+    must have u = 0 and Delta = 0 (left padding): the state stays zero through them, so the
+    whole segments among them are not computed, only filled (y = 0, starts = 0)."""
     rows, length, channels = u.shape
     state = A.shape[0]
     for b in numba.prange(rows):
         h = np.zeros((state, channels), dtype=np.float32)
+        begin = _first_computed_step(padding[b], length)
+        y[b, :begin] = _ZERO
+        starts[b, : begin // SEGMENT] = _ZERO
         dt1 = np.empty(channels, dtype=np.float32)
         dt2 = np.empty(channels, dtype=np.float32)
         drive1 = np.empty(channels, dtype=np.float32)
         drive2 = np.empty(channels, dtype=np.float32)
         out1 = np.empty(channels, dtype=np.float32)
         out2 = np.empty(channels, dtype=np.float32)
-        for t in range(0, length, 2):
+        for t in range(begin, length, 2):
             if t % SEGMENT == 0:
                 starts[b, t // SEGMENT] = h
             if t + 1 == length:
@@ -167,6 +186,13 @@ def scan_forward_kernel(
             _copy(out1, y[b, t])
             _copy(out2, y[b, t + 1])
         last[b] = h
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _first_computed_step(padding: int, length: int) -> int:
+    """The start of the segment that holds the first step after ``padding`` padded ones: the
+    scan runs from there, whole segments before it are skipped."""
+    return (min(max(padding, 0), length) // SEGMENT) * SEGMENT
 
 
 @numba.njit(fastmath=True, inline="always", cache=True)
@@ -243,14 +269,21 @@ def scan_backward_kernel(
     grad_Bt: F32,
     grad_Ct: F32,
     grad_skip_rows: F32,
+    padding: I64,
 ) -> None:
     """Gradients of ``scan_forward_kernel``, one thread per row. grad_A_rows (B, N, D) and
     grad_skip_rows (B, D) are per-row partial sums, summed by the caller. grad_u may be
     grad_y itself: step t reads its row of grad_y before it writes that row of grad_u, and
-    no other step reads it."""
+    no other step reads it. In the skipped segments of left padding (``padding`` as in the
+    forward pass: u = 0, Delta = 0, h = 0 there) dL/du = skip * dL/dy and the rest is zero."""
     rows, length, channels = u.shape
     state = A.shape[0]
     for b in numba.prange(rows):
+        begin = _first_computed_step(padding[b], length)
+        for t in range(begin):
+            _write_padded_step_grads(
+                grad_y[b, t], skip, grad_u[b, t], grad_delta[b, t], grad_Bt[b, t], grad_Ct[b, t]
+            )
         h = np.empty((SEGMENT + 1, state, channels), dtype=np.float32)
         decay = np.empty((SEGMENT, state, channels), dtype=np.float32)
         dt_seg = np.empty((SEGMENT, channels), dtype=np.float32)  # the segment's Delta, u
@@ -266,7 +299,7 @@ def scan_backward_kernel(
         g_dt0 = np.empty(channels, dtype=np.float32)  # the same three for step t - 1
         g_drive0 = np.empty(channels, dtype=np.float32)
         drive0 = np.empty(channels, dtype=np.float32)
-        for k in range((length - 1) // SEGMENT, -1, -1):
+        for k in range((length - 1) // SEGMENT, begin // SEGMENT - 1, -1):
             s = k * SEGMENT
             e = min(s + SEGMENT, length)
             for j in range(e - s):
@@ -319,6 +352,19 @@ def scan_backward_kernel(
                 )
         grad_A_rows[b] = g_a
         grad_skip_rows[b] = g_skip
+
+
+@numba.njit(fastmath=True, inline="always", cache=True)
+def _write_padded_step_grads(
+    gy: F32, skip: F32, out_u: F32, out_delta: F32, out_Bt: F32, out_Ct: F32
+) -> None:
+    """The gradients of a padded step (u = 0, Delta = 0, h = 0): only y = skip * u's."""
+    for d in range(gy.shape[0]):
+        out_u[d] = gy[d] * skip[d]
+        out_delta[d] = _ZERO
+    for n in range(out_Bt.shape[0]):
+        out_Bt[n] = _ZERO
+        out_Ct[n] = _ZERO
 
 
 @numba.njit(fastmath=True, inline="always", cache=True)
@@ -467,16 +513,17 @@ def _adjoint_two_steps(
 @functools.cache
 def scan_signatures(strided: Literal["C", "A"]) -> tuple[Signature, Signature]:
     """The passes' signatures: u, delta, B, C, y and their gradients in layout ``strided``,
-    the rest (A, skip, starts, last, the per-row sums) C-contiguous."""
+    the rest (A, skip, starts, last, the per-row sums, the int64 padding) C-contiguous."""
 
     def arr(ndim: int, layout: Literal["C", "A"] = "C") -> types.Array:
         return types.Array(types.float32, ndim, layout)
 
     seq = arr(3, strided)
-    forward = types.void(seq, seq, arr(2), seq, seq, arr(1), seq, arr(4), arr(3))
+    padding = types.Array(types.int64, 1, "C")
+    forward = types.void(seq, seq, arr(2), seq, seq, arr(1), seq, arr(4), arr(3), padding)
     backward = types.void(
         seq, seq, arr(2), seq, seq, arr(1), arr(4), seq, arr(3),
-        seq, seq, arr(3), seq, seq, arr(2),
+        seq, seq, arr(3), seq, seq, arr(2), padding,
     )  # fmt: skip
     return forward, backward
 

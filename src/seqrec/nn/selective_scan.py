@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -482,6 +483,7 @@ class _KernelScan(torch.autograd.Function):
                 *time_major_views(y),
                 starts.numpy(),
                 last.numpy(),
+                np.zeros(rows, dtype=np.int64),  # no padding assumed: every step computed
             )
         ctx.save_for_backward(u, delta, At, B, C, D, starts)
         ctx.set_materialize_grads(False)
@@ -513,6 +515,7 @@ class _KernelScan(torch.autograd.Function):
                 g_A_rows.numpy(),
                 *time_major_views(g_B, g_C),
                 g_D_rows.numpy(),
+                np.zeros(rows, dtype=np.int64),
             )
         return g_u, g_delta, g_A_rows.sum(0).T, g_B, g_C, g_D_rows.sum(0)
 
