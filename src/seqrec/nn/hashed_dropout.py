@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -34,10 +35,15 @@ _FMIX_1 = 0x85EBCA6B
 _FMIX_2 = 0xC2B2AE35
 
 
-def _fmix32(h: int) -> int:
-    h ^= h >> 16
+Hash = TypeVar("Hash", int, Tensor)
+
+
+def _fmix32(h: Hash) -> Hash:
+    """MurmurHash3's finaliser of 32-bit values, on a Python int or an int64 tensor (whose
+    products wrap modulo 2^64, so their low 32 bits are the uint32 products')."""
+    h = h ^ (h >> 16)
     h = (h * _FMIX_1) & _MASK32
-    h ^= h >> 13
+    h = h ^ (h >> 13)
     h = (h * _FMIX_2) & _MASK32
     return h ^ (h >> 16)
 
@@ -69,13 +75,7 @@ def hashed_mask(key: int, shape: tuple[int, ...], p: float) -> Tensor:
     n = 1
     for size in shape:
         n *= size
-    # int64 products wrap modulo 2^64, so their low 32 bits are the uint32 products'.
-    h = (torch.arange(n, dtype=torch.int64) * _GOLDEN + key) & _MASK32
-    h ^= h >> 16
-    h = (h * _FMIX_1) & _MASK32
-    h ^= h >> 13
-    h = (h * _FMIX_2) & _MASK32
-    h ^= h >> 16
+    h = _fmix32((torch.arange(n, dtype=torch.int64) * _GOLDEN + key) & _MASK32)
     keep = h >= drop_threshold(p)
     return (keep.to(torch.float32) * hashed_keep_scale(p)).view(shape)
 
