@@ -8,14 +8,18 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-# Imported for its side effects first: it sets numba's threading layer and CPU features
-# before anything here is compiled.
-from seqrec.nn import scan_kernel  # noqa: F401
+# scan_kernel is imported for its side effects: it sets numba's threading layer and CPU
+# features before anything here is compiled.
+from seqrec.nn import (
+    hashed_dropout,
+    scan_kernel,  # noqa: F401
+)
 
-_MASK32 = np.uint64(0xFFFFFFFF)
-_GOLDEN = np.uint64(0x9E3779B1)
-_FMIX_1 = np.uint64(0x85EBCA6B)
-_FMIX_2 = np.uint64(0xC2B2AE35)
+# The reference's constants, as the unsigned integers the compiled loop computes with.
+_MASK32 = np.uint64(hashed_dropout.MASK32)
+_GOLDEN = np.uint64(hashed_dropout.GOLDEN)
+_FMIX_1 = np.uint64(hashed_dropout.FMIX_1)
+_FMIX_2 = np.uint64(hashed_dropout.FMIX_2)
 _S13 = np.uint64(13)
 _S16 = np.uint64(16)
 

@@ -31,10 +31,10 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-_MASK32 = 0xFFFFFFFF
-_GOLDEN = 0x9E3779B1  # 2^32 / golden ratio, odd: i -> i * _GOLDEN is a bijection mod 2^32
-_FMIX_1 = 0x85EBCA6B
-_FMIX_2 = 0xC2B2AE35
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B1  # 2^32 / golden ratio, odd: i -> i * GOLDEN is a bijection mod 2^32
+FMIX_1 = 0x85EBCA6B
+FMIX_2 = 0xC2B2AE35
 
 
 Hash = TypeVar("Hash", int, Tensor)
@@ -44,9 +44,9 @@ def _fmix32(h: Hash) -> Hash:
     """MurmurHash3's finaliser of 32-bit values, on a Python int or an int64 tensor (whose
     products wrap modulo 2^64, so their low 32 bits are the uint32 products')."""
     h = h ^ (h >> 16)
-    h = (h * _FMIX_1) & _MASK32
+    h = (h * FMIX_1) & MASK32
     h = h ^ (h >> 13)
-    h = (h * _FMIX_2) & _MASK32
+    h = (h * FMIX_2) & MASK32
     return h ^ (h >> 16)
 
 
@@ -54,9 +54,9 @@ def stream_key(seed: int, index: int, stream: int) -> int:
     """The 32-bit key of mask ``stream`` of chunk ``index`` of a call seeded with ``seed``."""
     if seed < 0 or index < 0 or stream < 0:
         raise ValueError(f"seed, index and stream must be >= 0, got {seed}, {index}, {stream}")
-    key = _fmix32((seed ^ (seed >> 32)) & _MASK32)
-    key = _fmix32(key ^ _fmix32((index * _GOLDEN) & _MASK32))
-    return _fmix32(key ^ _fmix32(((stream + 1) * _FMIX_2) & _MASK32))
+    key = _fmix32((seed ^ (seed >> 32)) & MASK32)
+    key = _fmix32(key ^ _fmix32((index * GOLDEN) & MASK32))
+    return _fmix32(key ^ _fmix32(((stream + 1) * FMIX_2) & MASK32))
 
 
 def drop_threshold(p: float) -> int:
@@ -77,7 +77,7 @@ def hashed_mask(key: int, shape: tuple[int, ...], p: float) -> Tensor:
     n = 1
     for size in shape:
         n *= size
-    h = _fmix32((torch.arange(n, dtype=torch.int64) * _GOLDEN + key) & _MASK32)
+    h = _fmix32((torch.arange(n, dtype=torch.int64) * GOLDEN + key) & MASK32)
     keep = h >= drop_threshold(p)
     return (keep.to(torch.float32) * hashed_keep_scale(p)).view(shape)
 
