@@ -2,9 +2,9 @@
 trains each config to early stopping (or to ``train.time_budget_minutes``), then evaluates
 the best model under the SASRec paper's sampled protocol and under full ranking.
 
-Prints a Markdown table (the README's results table comes from it) with the command that
-reproduces each number, and writes the same rows to <out>/accuracy.json. A run directory
-that exists is resumed, so an interrupted benchmark continues where it stopped.
+Prints a Markdown table (the table of ``docs/results/accuracy.md`` comes from it) with the
+command that reproduces each number, and writes the same rows to <out>/accuracy.json. A run
+directory that exists is resumed, so an interrupted benchmark continues where it stopped.
 
     .venv/bin/python benchmarks/accuracy.py --data-dir ../shared/data
     .venv/bin/python benchmarks/accuracy.py --experiments ml-1m_sasrec --max-epochs 5  # smoke

@@ -3,10 +3,11 @@ stage 2 (the reasoner under deep supervision, K x T steps), timed on the same op
 
 The issue's target is a stage-2 epoch at most 3x a stage-1 epoch. Both stages train the first
 ``--steps`` optimizer steps of epoch 1 (random batches of the shipped configs, each trained
-in ``--parts`` length-sorted parts, as the README's runs), after ``--warmup`` untimed steps;
-stage 2 starts from the stage-1 model's weights. Seconds per step are projected to an epoch.
-The FLOPs of the products (the matmuls, most of the arithmetic) of one more step of each
-stage, on the same batch, show how much of the time ratio the arithmetic alone sets.
+in ``--parts`` length-sorted parts, as the runs of ``docs/results/recrec.md``), after
+``--warmup`` untimed steps; stage 2 starts from the stage-1 model's weights. Seconds per step
+are projected to an epoch. The FLOPs of the products (the matmuls, most of the arithmetic) of
+one more step of each stage, on the same batch, show how much of the time ratio the arithmetic
+alone sets.
 
     .venv/bin/python benchmarks/recrec_stages.py --data-dir ../shared/data
     .venv/bin/python benchmarks/recrec_stages.py --datasets beauty ml-1m --threads 2

@@ -132,7 +132,8 @@ class EvalConfig:
     ks: tuple[int, ...] = (5, 10, 20)
     # Users per evaluation chunk. None: 1,024 on a GPU; on a CPU about 12,800 history
     # positions' worth (64 users at max_seq_len 200, 256 at 50), whose activations stay in
-    # cache (ML-1M: 1.3–2.2 s in chunks of 64 against 2.6–2.8 s in chunks of 1,024; README).
+    # cache (ML-1M: 1.3–2.2 s in chunks of 64 against 2.6–2.8 s in chunks of 1,024;
+    # docs/results/speed.md).
     batch_size: int | None = None
     seed: int = 0  # sampled negatives are drawn from this seed
 

@@ -33,7 +33,7 @@ Differences from the reference code, all deliberate:
   ``seqrec.models.sasrec``). The PyTorch port has neither: no activation between its FFN's
   two layers (its TensorFlow original, built on kang205's code, has ReLU) and no W^O, as
   kang205. ``activation: identity`` and ``attention_projection: false`` give its network;
-  the ML-1M results in the README were measured with the defaults.
+  the ML-1M results in docs/results/baselines.md were measured with the defaults.
 - Weights start from SASRec's Xavier-normal initialisation, not PyTorch's defaults.
 - An epoch is one pass over the users. The reference calls 100 batches an epoch, validates
   on 512 users after each and stops after 200 such validations without improvement.

@@ -7,10 +7,10 @@ the next allocation of each faults its pages in again and the kernel zeroes them
 the paper's SASRec settings, one thread, a process that loads the data and trains 42 steps had
 110,000 to 408,000 page faults (the count moves from one process to the next) against about
 100,000 with this setting, which takes about 5% off a step's CPU time (no measurable change on
-two threads; see the README). Here blocks up to 32 MiB come from the heap and freed memory
-stays in it: a step reuses the pages it faulted in once. (PyTorch's CPU tuning guide gets the
-same by preloading jemalloc or tcmalloc.) The price is that the process keeps its peak heap
-until it exits.
+two threads; see docs/results/speed.md). Here blocks up to 32 MiB come from the heap and
+freed memory stays in it: a step reuses the pages it faulted in once. (PyTorch's CPU tuning
+guide gets the same by preloading jemalloc or tcmalloc.) The price is that the process keeps
+its peak heap until it exits.
 
 Nothing is changed when the C library is not glibc, or when the user has chosen glibc's
 settings through ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or ``GLIBC_TUNABLES``
