@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError, TrainConfig
+from seqrec.data.batches import TrainBatches
+from seqrec.data.sequences import Sequences
 from seqrec.models import build_model, build_model_config, recrec
 from seqrec.models.base import with_inference_settings
 from seqrec.models.recrec import (
@@ -24,7 +27,7 @@ from seqrec.models.recrec import (
 )
 from seqrec.training.loop import build_optimizer
 from tests.models import test_common
-from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS
+from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS, L
 
 TINY = {k: v for k, v in TINY_CONFIGS["recrec"].items() if k not in ("num_items", "num_users")}
 # Small deep supervision so a stage-2 step stays cheap: K=2 rounds of T=2 steps, n=2.
@@ -448,16 +451,60 @@ def test_stage_2_meets_the_model_contract(
     check(randomise_reasoner(make(**STAGE_2)), batch)
 
 
-def test_bert4rec_backbone_trains_on_the_newest_position(batch: SeqBatch) -> None:
-    with pytest.raises(ConfigError, match="bidirectional.*train_positions: last"):
+@pytest.mark.parametrize("positions", ["last", "prefixes"])
+def test_bert4rec_backbone_trains_on_newest_positions(positions: str, batch: SeqBatch) -> None:
+    with pytest.raises(ConfigError, match="bidirectional.*train_positions: last or prefixes"):
         make(backbone="bert4rec")
-    model = make(backbone="bert4rec", train_positions="last")
+    model = make(backbone="bert4rec", train_positions=positions)
     loss = model.train()(batch).loss
     loss.backward()
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not unused
     assert not model.backbone.out_bias.requires_grad
     assert model.eval().recommend(batch.input_ids, k=5).shape == (3, 5)
+
+
+def library_batch(model: RecRec, rows: list[list[int]]) -> SeqBatch:
+    """The one training batch the library builds from ``rows`` for ``model``."""
+    batches = TrainBatches(
+        Sequences.from_lists(rows),
+        users=np.arange(len(rows)),
+        num_items=NUM_ITEMS,
+        max_seq_len=model.config.max_seq_len,
+        batch_size=sum(len(r) for r in rows),  # more than rows or targets: one batch
+        needs=model.batch_needs,
+    )
+    (batch,) = list(batches.epoch(np.random.default_rng(0)))
+    return batch
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_prefix_examples_train_what_every_prefix_of_a_row_trains(stage: int) -> None:
+    """A causal backbone that numbers positions from the oldest item gives a prefix the same
+    states alone as inside its row, so one example per target (``prefixes``) has the loss of
+    every prefix read from one encoding of its row (``all``); ``last`` trains less."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = (6, 3, L + 1)  # the longest row fills the window: none is cut
+    rows = [torch.randint(1, NUM_ITEMS + 1, (n,), generator=generator).tolist() for n in lengths]
+    values: dict[str, object] = {
+        "dropout": 0.0,
+        "compressor_dropout": 0.0,
+        "backbone_options": {"position_origin": "oldest"},
+        **(STAGE_2 if stage == 2 else {}),
+    }
+    losses = {}
+    for positions in ("all", "last", "prefixes"):
+        model = make(train_positions=positions, **values)
+        if stage == 2:
+            randomise_reasoner(model)
+        batch = library_batch(model, rows)
+        assert model.batch_needs.prefix_examples == (positions == "prefixes")
+        assert model.config.loss_splits_by_rows == (positions != "last")
+        examples = {"all": len(rows), "last": len(rows), "prefixes": sum(len(r) - 1 for r in rows)}
+        assert batch.input_ids.size(0) == examples[positions]
+        losses[positions] = model.train()(batch).loss
+    torch.testing.assert_close(losses["prefixes"], losses["all"])
+    assert not torch.allclose(losses["last"], losses["all"])
 
 
 @pytest.mark.parametrize(

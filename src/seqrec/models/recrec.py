@@ -19,8 +19,11 @@ Choices the specification leaves open, and deviations, all deliberate:
 - Training examples: with a causal backbone (SASRec) every position of a training row is
   an example whose history is its prefix (``train_positions: all``); the compressor and
   reasoner read H under a per-prefix mask, so H is encoded once per row. A bidirectional
-  backbone (BERT4Rec) sees the future from every position but the newest, so it trains on
-  the newest position only (``last``).
+  backbone (BERT4Rec) sees the future from every position but the newest, so it trains
+  either on the newest position of each row only (``last``: one example per user and epoch,
+  on which a BERT4Rec backbone overfits within a few epochs on Beauty) or on every training
+  target as an example of its own, whose prefix the backbone encodes on its own
+  (``prefixes``: every target, at the cost of one encoding per target).
 - Stage 2 takes one optimizer step per batch on the mean of the K round losses. TRM steps
   the optimizer after every round; here the K rounds see the same weights. The backbone
   runs in eval mode in stage 2 (frozen, no dropout; ``stage2_backbone_dropout`` keeps its
@@ -56,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
+from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
 from seqrec.config import ConfigError, from_dict
 from seqrec.models.base import (
     MODELS,
@@ -70,7 +73,9 @@ from seqrec.nn.linear import Linear
 
 BackboneName = Literal["sasrec", "bert4rec"]
 Gate = Literal["gru", "gru_cell", "overwrite"]
-TrainPositions = Literal["all", "last"]
+# all: every prefix of a row from one encoding of it (a causal backbone); last: the newest
+# position of each row; prefixes: every target an example, its prefix encoded on its own.
+TrainPositions = Literal["all", "last", "prefixes"]
 
 
 class _TupleEncoder(Protocol):  # SASRec: encode -> (hidden, attention weights)
@@ -131,7 +136,7 @@ class RecRecConfig(ModelConfig):
     dropout: float = 0.2  # backbone dropout
     backbone_options: dict[str, Any] = field(default_factory=dict)  # other backbone fields
     stage: Literal[1, 2] = 1  # 1: backbone + compressor; 2: the reasoner, the rest frozen
-    train_positions: TrainPositions = "all"  # every prefix is an example, or only the newest
+    train_positions: TrainPositions = "all"  # which positions train (TrainPositions)
     num_interests: int = 8  # R
     compressor_layers: int = 2
     attention_heads: int = 2  # heads of the compressor's and the reasoner's attention
@@ -186,7 +191,7 @@ class RecRecConfig(ModelConfig):
         if self.train_positions == "all" and not BACKBONES[self.backbone].causal:
             raise ConfigError(
                 f"backbone {self.backbone!r} is bidirectional: every position but the newest "
-                "sees its own target, so it needs model.train_positions: last"
+                "sees its own target, so it needs model.train_positions: last or prefixes"
             )
         self.backbone_config()  # the backbone's own validation, now rather than at build
 
@@ -194,7 +199,11 @@ class RecRecConfig(ModelConfig):
     def loss_splits_by_rows(self) -> bool:
         # Every labelled position is one example with its own history. With "last" a row
         # has one example but the training loop weighs parts by their labelled positions.
-        return self.train_positions == "all"
+        return self.train_positions != "last"
+
+    @property
+    def batch_needs(self) -> BatchNeeds:
+        return BatchNeeds(prefix_examples=self.train_positions == "prefixes")
 
     @property
     def inference_depth(self) -> int:
@@ -852,7 +861,8 @@ class RecRec(ScoringRecommender):
     def forward(self, batch: SeqBatch) -> ModelOutput:
         if batch.labels is None:
             raise ValueError("RecRec.forward needs batch.labels")
-        newest_only = self.config.train_positions == "last"
+        # a prefix example's only label is in its last column
+        newest_only = self.config.train_positions != "all"
         labels = batch.labels[:, -self.config.max_seq_len :]
         labels = labels[:, -1:] if newest_only else labels  # (B, G): one target per group
         real = labels != PAD_ID
