@@ -11,17 +11,20 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seqrec.config import ConfigError, experiment_from_raw, load_raw, set_dotted
 from seqrec.data.schema import DataError
+from seqrec.io import atomic_write_text, written_in_place
 from seqrec.metrics import METRICS
-from seqrec.training.checkpoint import RunDirError
+from seqrec.training.checkpoint import CONFIG, RunDirError
 
 if TYPE_CHECKING:
     from seqrec.evaluation import EvalResult
+    from seqrec.serving.predictor import Predictor
 
 EXIT_BAD_INPUT = 2
 EXIT_PARTIAL = 3  # batch recommend: some lines could not be answered
@@ -46,6 +49,46 @@ def print_result(result: EvalResult, title: str) -> None:
     print(f"protocol: {result.protocol}")
     print("metric ± 95% CI half-width")
     print(_metric_table(result.metrics, result.ci95, ks))
+
+
+# ---------------------------------------------------------------- paths from the command line
+def _check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:
+    """Refuse an output ``path`` that cannot be written, before any work: a directory where a
+    file goes (or the reverse), or a place under a folder that is not writable. Missing parent
+    folders are fine: every writer creates them."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        what = "a file, not a directory" if folder else "a directory, not a file"
+        raise ConfigError(f"{flag} {path}: is {what}")
+    if not folder and written_in_place(path):
+        return  # a FIFO, a device or /dev/stdout: its folder does not matter
+    place = path if path.is_dir() else path.parent
+    while not place.exists() and place != place.parent:
+        place = place.parent  # the folder the missing ones will be created in
+    if not place.is_dir():
+        raise ConfigError(f"{flag} {path}: {place} is not a directory")
+    if not _can_create_in(place):
+        raise ConfigError(f"{flag} {path}: {place} is not writable")
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Tried rather than asked: os.access says yes to root in /proc, where nothing is created."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".seqrec-check.", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
+
+
+def _run_dir(path: str) -> str:
+    """``path`` as a run directory argument; a file gets a clearer message than "does not exist"."""
+    if Path(path).is_file():
+        parent = Path(path).parent
+        hint = f"; did you mean {parent}?" if (parent / CONFIG).is_file() else ""
+        raise RunDirError(f"{path} is a file, not a run directory{hint}")
+    return path
 
 
 # ---------------------------------------------------------------- data
@@ -92,6 +135,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from seqrec.training.run import config_for_resume, train_experiment
 
     out = Path(args.out)
+    _check_output("--out", out, folder=True)
     if args.config is None and args.resume:
         config = config_for_resume(out, args.set or [])
     elif args.config is None:
@@ -112,6 +156,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from seqrec.analysis.compare import paired_differences, read_ranks
 
+    for path in (args.ranks_a, args.ranks_b):
+        if Path(path).is_dir():
+            raise DataError(f"{path} is a directory, not a rank file")
     rows = paired_differences(
         read_ranks(args.ranks_a),
         read_ranks(args.ranks_b),
@@ -143,8 +190,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         overrides["filter_seen"] = args.filter_seen
     if args.export_ranks and Path(args.export_ranks).suffix.lower() not in (".csv", ".parquet"):
         raise ConfigError(f"--export-ranks: use a .csv or .parquet file, got {args.export_ranks}")
+    if args.export_ranks:
+        _check_output("--export-ranks", args.export_ranks)
     result, run = evaluate_run(
-        args.run_dir,
+        _run_dir(args.run_dir),
         split=args.split,
         overrides=overrides,
         data_dir=args.data_dir,
@@ -180,6 +229,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from seqrec.tokenizers import TOKENIZER_FILE, format_report
     from seqrec.training.semantic_ids import fit_semantic_ids
 
+    _check_output("--out", args.out, folder=True)
     config = experiment_from_raw(load_raw(args.config, args.set or []))
     data = prepare(config.data, args.data_dir)
     ids, tokenizer = fit_semantic_ids(config.tokenizer, data, args.data_dir)
@@ -194,10 +244,27 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- recommend
 def _read_histories(path: Path) -> list[list[str]]:
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(f"--input {path} is a directory, not a file of histories")
+    if not path.exists():
         raise DataError(f"--input {path} does not exist")
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"--input {path} is not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
+    if not lines:
+        raise DataError(f"--input {path} is empty; give one history per line")
     return [line.replace(",", " ").split() for line in lines]
+
+
+def _check_recommend_output(source: str, output: str) -> None:
+    if output == "-":
+        return  # stdout
+    if os.path.exists(output) and os.path.exists(source) and os.path.samefile(source, output):
+        raise ConfigError(f"--output {output} is the --input file; it would overwrite the input")
+    _check_output("--output", output)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -212,8 +279,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"seqrec serve needs the serve extra ({err}): pip install 'seqrec[serve]'"
         ) from None
     if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
+    predictor = Predictor.from_run_dir(
+        _run_dir(args.run_dir), settings=_inference_settings(args.set)
+    )
     app = create_app(predictor, args.max_sessions)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
@@ -223,33 +294,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from seqrec.io import atomic_write_text
     from seqrec.serving.predictor import Predictor
 
     if (args.history is None) == (args.input is None):
         raise ConfigError("recommend: give either --history ITEM ... or --input FILE --output FILE")
     if args.input is not None and args.output is None:
         raise ConfigError("recommend: --input needs --output FILE")
-    predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
+    histories = None
+    if args.input is not None:  # both files are checked before the model is loaded
+        histories = _read_histories(Path(args.input))
+        _check_recommend_output(args.input, args.output)
+    predictor = Predictor.from_run_dir(
+        _run_dir(args.run_dir), settings=_inference_settings(args.set)
+    )
     exclude_seen = not args.keep_seen
-    if args.history is not None:
-        history = [item for item in args.history if item.strip()]
-        (rec,) = predictor.recommend([history], args.k, exclude_seen)
-        if rec.error is not None:
-            unknown = f" (unknown item ids: {' '.join(rec.unknown)})" if rec.unknown else ""
-            raise DataError(f"cannot recommend: {rec.error}{unknown}")
-        if rec.unknown:
-            print(f"warning: unknown item ids ignored: {' '.join(rec.unknown)}", file=sys.stderr)
-        scores = rec.scores or [float("nan")] * len(rec.items)
-        if args.json:
-            print(json.dumps({"items": rec.items, "scores": rec.scores, "unknown": rec.unknown}))
-        else:
-            print(f"{'rank':>4}  {'item':<12} score")
-            for rank, (item, score) in enumerate(zip(rec.items, scores, strict=True), 1):
-                print(f"{rank:>4}  {item:<12} {score:.4f}")
-        return 0
-    histories = _read_histories(Path(args.input))
-    recs = predictor.recommend(histories, args.k, exclude_seen)
+    if histories is not None:
+        return _recommend_batch(predictor, histories, args.k, exclude_seen, args.output)
+    history = [item for item in args.history if item.strip()]
+    (rec,) = predictor.recommend([history], args.k, exclude_seen)
+    if rec.error is not None:
+        unknown = f" (unknown item ids: {' '.join(rec.unknown)})" if rec.unknown else ""
+        raise DataError(f"cannot recommend: {rec.error}{unknown}")
+    if rec.unknown:
+        print(f"warning: unknown item ids ignored: {' '.join(rec.unknown)}", file=sys.stderr)
+    scores = rec.scores or [float("nan")] * len(rec.items)
+    if args.json:
+        print(json.dumps({"items": rec.items, "scores": rec.scores, "unknown": rec.unknown}))
+    else:
+        print(f"{'rank':>4}  {'item':<12} score")
+        for rank, (item, score) in enumerate(zip(rec.items, scores, strict=True), 1):
+            print(f"{rank:>4}  {item:<12} {score:.4f}")
+    return 0
+
+
+def _recommend_batch(
+    predictor: Predictor, histories: list[list[str]], k: int, exclude_seen: bool, output: str
+) -> int:
+    """One JSON line per history into ``output`` (``-``: stdout); exit 3 if some failed."""
+    recs = predictor.recommend(histories, k, exclude_seen)
     rows = [
         {
             "line": i + 1,
@@ -260,10 +342,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         }
         for i, r in enumerate(recs)
     ]
-    atomic_write_text(Path(args.output), "".join(json.dumps(row) + "\n" for row in rows))
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if output == "-":
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(Path(output), text)
     failed = [row["line"] for row in rows if row["error"] is not None]
     with_unknown = sum(1 for row in rows if row["unknown"])
-    print(f"wrote {len(rows)} recommendations to {args.output}", file=sys.stderr)
+    where = "stdout" if output == "-" else output
+    print(f"wrote {len(rows)} recommendations to {where}", file=sys.stderr)
     if with_unknown:
         print(f"warning: {with_unknown} histories had unknown item ids", file=sys.stderr)
     if failed:
@@ -277,6 +364,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from seqrec.demo import run_demo
 
+    _check_output("--out", args.out, folder=True)
     demo = run_demo(Path(args.out), data_dir=args.data_dir, epochs=args.epochs)
     print(f"dataset: {demo.dataset} — {demo.why}")
     fit = demo.sasrec.fit
@@ -315,7 +403,8 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
     from seqrec.training.loop import resolve_device
     from seqrec.training.run import data_for_run
 
-    run = load_run(args.run_dir)
+    _check_output("--out", args.out, folder=True)
+    run = load_run(_run_dir(args.run_dir))
     analyzable(run.model)  # refuse a model the diagnostics cannot run on, before any work
     options = ResidualOptions(
         alphas=_floats(args.alphas),
@@ -350,10 +439,11 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     from seqrec.training.loop import resolve_device
     from seqrec.training.run import data_for_run
 
+    _check_output("--out", args.out, folder=True)
     device = resolve_device(args.device)
     runs = []
     for run_dir, label in zip(args.run_dirs, run_labels(args.run_dirs), strict=True):
-        run = load_run(run_dir)
+        run = load_run(_run_dir(run_dir))
         analyzable(run.model, users=True)
         data = data_for_run(run, args.data_dir)
         source = str(run.resolved.get("dataset", {}).get("source", ""))
@@ -377,8 +467,9 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
 def cmd_analyze_depth(args: argparse.Namespace) -> int:
     from seqrec.analysis.depth import analyze_depth
 
+    _check_output("--out", args.out, folder=True)
     report = analyze_depth(
-        args.run_dir,
+        _run_dir(args.run_dir),
         args.out,
         max_depth=args.max_depth,
         data_dir=args.data_dir,
@@ -585,6 +676,14 @@ def _configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
 
 
+def _error_text(err: Exception) -> str:
+    if isinstance(err, KeyError) and err.args:
+        return str(err.args[0])
+    if isinstance(err, OSError) and err.strerror and err.filename is not None:
+        return f"{err.filename}: {err.strerror}"  # not "[Errno 2] No such file...: 'name'"
+    return str(err)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args)
@@ -594,8 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError, RunDirError, ValueError, KeyError, OSError) as err:
         if os.environ.get("SEQREC_DEBUG"):
             raise
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_error_text(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted; a training run resumes with --resume", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,15 @@ TrainWindows = Literal["last", "all"]
 
 class ConfigError(ValueError):
     """A config file or override that names an unknown key or an invalid value."""
+
+
+# torch.manual_seed takes seeds below 2**64 and NumPy's SeedSequence only non-negative ones.
+SEED_LIMIT = 2**64
+
+
+def _check_seed(key: str, seed: int) -> None:
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"{key} must be in [0, 2**64), got {seed}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +79,7 @@ class DataConfig:
             )
         if self.max_history is not None and self.max_history < 3:
             raise ConfigError(f"data.max_history must be >= 3 or null, got {self.max_history}")
+        _check_seed("data.synthetic_seed", self.synthetic_seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,8 +121,22 @@ class TrainConfig:
     time_budget_minutes: float | None = None
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 0 or self.patience < 1:
-            raise ConfigError("train.lr, batch_size, patience must be positive, max_epochs >= 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"train.lr must be a finite number > 0, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(
+                f"train.weight_decay must be a finite number >= 0, got {self.weight_decay}"
+            )
+        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+            raise ConfigError(
+                f"train.betas must be two values, each in [0, 1), got {list(self.betas)}"
+            )
+        if self.batch_size < 1:
+            raise ConfigError(f"train.batch_size must be >= 1, got {self.batch_size}")
+        if self.max_epochs < 0:
+            raise ConfigError(f"train.max_epochs must be >= 0, got {self.max_epochs}")
+        if self.patience < 1:
+            raise ConfigError(f"train.patience must be >= 1, got {self.patience}")
         if not 1 <= self.batch_parts <= self.batch_size:
             raise ConfigError(
                 f"train.batch_parts must be in [1, batch_size = {self.batch_size}], "
@@ -119,8 +144,21 @@ class TrainConfig:
             )
         if self.eval_every < 1:
             raise ConfigError(f"train.eval_every must be >= 1, got {self.eval_every}")
-        if self.time_budget_minutes is not None and self.time_budget_minutes <= 0:
-            raise ConfigError("train.time_budget_minutes must be positive (or null)")
+        # `not x > 0` rather than `x <= 0`: NaN fails every comparison and must not pass.
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ConfigError(
+                f"train.grad_clip must be > 0, or null for no clipping, got {self.grad_clip}"
+            )
+        if self.time_budget_minutes is not None and not self.time_budget_minutes > 0:
+            raise ConfigError(
+                "train.time_budget_minutes must be > 0, or null for no limit, "
+                f"got {self.time_budget_minutes}"
+            )
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(
+                f"train.num_threads must be >= 1, or null for all cores, got {self.num_threads}"
+            )
+        _check_seed("train.seed", self.seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,8 +178,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not self.ks or min(self.ks) < 1:
             raise ConfigError(f"eval.ks must be positive integers, got {self.ks}")
-        if self.num_negatives < 1 or (self.batch_size is not None and self.batch_size < 1):
-            raise ConfigError("eval.num_negatives and eval.batch_size must be >= 1")
+        if self.num_negatives < 1:
+            raise ConfigError(f"eval.num_negatives must be >= 1, got {self.num_negatives}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"eval.batch_size must be >= 1 or null, got {self.batch_size}")
+        _check_seed("eval.seed", self.seed)
 
 
 TokenizerMethod = Literal["rqvae", "rqkmeans"]
@@ -190,6 +231,7 @@ class TokenizerConfig:
             )
         if self.latent_dim < 1 or self.rqvae_epochs < 0 or self.rqvae_lr <= 0:
             raise ConfigError("tokenizer.latent_dim, rqvae_epochs and rqvae_lr must be positive")
+        _check_seed("tokenizer.seed", self.seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,13 +272,25 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             raise ConfigError(f"{name}: expected a list, got {value!r}")
         item = args[0]
         return tuple(_coerce(name, item, v) for v in value)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
+        return _to_float(name, value)
     if hint in (int, float, str, bool) and not isinstance(value, hint):
         raise ConfigError(f"{name}: expected {hint.__name__}, got {value!r}")
     if hint in (int, float) and isinstance(value, bool):
         raise ConfigError(f"{name}: expected {hint.__name__}, got {value!r}")
     return value
+
+
+def _to_float(name: str, value: int | str) -> float:
+    """An int, or a string such as ``3e-4`` that YAML 1.1 (PyYAML) does not read as a float."""
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{name}: expected float, got {value!r}") from None
+    # YAML spells NaN and infinity .nan and .inf; a string "nan" is more likely a mistake.
+    if isinstance(value, str) and not math.isfinite(number):
+        raise ConfigError(f"{name}: expected a finite float, got {value!r}")
+    return number
 
 
 def from_dict(cls: type[C], data: Mapping[str, Any], section: str = "") -> C:
@@ -281,10 +335,31 @@ def set_dotted(raw: dict[str, Any], override: str) -> None:
         # precision=bf16 stays a string.
         with contextlib.suppress(ValueError, SyntaxError):
             value = ast.literal_eval(value)
-    node = raw.setdefault(section, {})
+    node = raw.get(section)
+    if node is None:  # absent, or present but empty (`model:` with nothing under it)
+        node = raw[section] = {}
     if not isinstance(node, dict):
-        raise ConfigError(f"section {section!r} must be a mapping")
+        raise _not_a_mapping(section, node)
     node[key] = value
+
+
+def _not_a_mapping(section: str, value: object) -> ConfigError:
+    hint = ""
+    if section == "model" and isinstance(value, str):
+        hint = f"; to choose a model, write `model: {{name: {value}}}`"
+    return ConfigError(
+        f"section {section} must be a mapping of keys (or empty), got {value!r}{hint}"
+    )
+
+
+def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A section's keys; an absent or empty (null) section has none."""
+    value = raw.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _not_a_mapping(name, value)
+    return value
 
 
 def load_raw(
@@ -294,10 +369,18 @@ def load_raw(
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory, not a YAML file")
+        if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"config file {path} is not UTF-8 text (byte {err.start}: {err.reason})"
+            ) from None
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
         if loaded is None:
@@ -315,12 +398,12 @@ def experiment_from_raw(raw: Mapping[str, Any]) -> ExperimentConfig:
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")
-    model = dict(raw.get("model") or {})
+    model = dict(_section(raw, "model"))
     model.setdefault("name", "sasrec")
     return ExperimentConfig(
-        data=from_dict(DataConfig, raw.get("data") or {}, "data"),
+        data=from_dict(DataConfig, _section(raw, "data"), "data"),
         model=model,
-        train=from_dict(TrainConfig, raw.get("train") or {}, "train"),
-        eval=from_dict(EvalConfig, raw.get("eval") or {}, "eval"),
-        tokenizer=from_dict(TokenizerConfig, raw.get("tokenizer") or {}, "tokenizer"),
+        train=from_dict(TrainConfig, _section(raw, "train"), "train"),
+        eval=from_dict(EvalConfig, _section(raw, "eval"), "eval"),
+        tokenizer=from_dict(TokenizerConfig, _section(raw, "tokenizer"), "tokenizer"),
     )

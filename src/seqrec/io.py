@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,20 +15,67 @@ from pathlib import Path
 def atomic_path(target: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; on success it is fsynced and renamed onto it.
 
-    On any error the temporary file is removed and ``target`` is left as it was.
+    On any error the temporary file is removed and ``target`` is left as it was. The file gets
+    the mode ``open`` would give a new file (``0o666`` less the umask), or keeps the mode of
+    the regular file it replaces. A symlink is followed: the file it points to is replaced.
+    A target that exists and is not a regular file (a FIFO, a terminal), or a descriptor link
+    such as ``/dev/stdout``, is not replaced: it is yielded itself and written in place.
+    OS errors name ``target``, not the hidden file.
     """
+    try:
+        mode: int | None = target.stat().st_mode  # follows symlinks, like open() would
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+    if written_in_place(target):
+        yield target
+        return
+    if target.is_symlink():
+        target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = _new_file_beside(target)
     try:
         yield tmp
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, stat.S_IMODE(mode))
         os.replace(tmp, target)
+    except OSError as err:
+        if err.filename != str(tmp):
+            raise
+        raise OSError(err.errno, err.strerror, str(target)) from err
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
+
+
+def written_in_place(target: Path) -> bool:
+    """Whether ``atomic_path`` writes ``target`` itself: an existing FIFO, device or other file
+    that is not regular, or a descriptor link (``/dev/stdout``, ``/dev/fd/3``,
+    ``/proc/self/fd/1``), which may name a regular file a shell opened for the command: replacing
+    that file would detach it from the descriptor."""
+    try:
+        mode = target.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if stat.S_ISDIR(mode):
+        return False
+    return not stat.S_ISREG(mode) or target.absolute().parts[1:2] in (("dev",), ("proc",))
+
+
+def _new_file_beside(target: Path) -> Path:
+    """A new empty hidden file next to ``target``, created with mode ``0o666`` so that the
+    kernel applies the umask (and default ACLs) exactly as for ``open``; mkstemp gives 0600."""
+    while True:
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue  # a name another writer holds: draw again
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(target)) from err
+        return tmp
 
 
 def atomic_write(target: Path, write: Callable[[Path], None]) -> None:

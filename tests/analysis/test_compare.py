@@ -55,6 +55,13 @@ def test_files_of_different_users_or_targets_are_refused(tmp_path: Path) -> None
         paired_differences(a, other_targets)
 
 
+@pytest.mark.parametrize("ks", [(0,), (10, -1), ()])
+def test_cut_offs_below_one_are_refused(tmp_path: Path, ks: tuple[int, ...]) -> None:
+    a = read_ranks(write(tmp_path / "a.csv", ["1", "2"], ["7", "8"], [1, 2]))
+    with pytest.raises(ValueError, match="cut-offs k must be >= 1"):
+        paired_differences(a, a, ks)
+
+
 def test_malformed_rank_files_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         read_ranks(tmp_path / "missing.csv")

@@ -304,3 +304,85 @@ def test_subprocess_errors_exit_2_with_one_line(file_run: Path, tmp_path: Path) 
     assert done.returncode == 2
     assert "model.pt is corrupt" in one_error_line(done.stderr)
     assert done.stdout == ""
+
+
+# ---------------------------------------------------------------- output locations, checked first
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "--config", "CONFIG"],
+        ["tokenize", "--config", "CONFIG"],
+        ["analyze", "residual", "RUN"],
+        ["analyze", "attention", "RUN"],
+        ["analyze", "depth", "RUN"],
+        ["demo"],
+    ],
+    ids=["train", "tokenize", "residual", "attention", "depth", "demo"],
+)
+def test_out_that_is_a_file_is_refused_and_kept(
+    file_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw())
+    precious = tmp_path / "precious.csv"
+    precious.write_text("a,b\n1,2\n")
+    argv = [{"CONFIG": str(config), "RUN": str(file_run)}.get(arg, arg) for arg in command]
+    line = error_of(capsys, *argv, "--out", precious)
+    assert line == f"error: --out {precious}: is a file, not a directory"
+    assert precious.read_text() == "a,b\n1,2\n"
+
+
+def test_export_ranks_location_is_checked_before_evaluating(
+    file_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_evaluation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run was evaluated before the output was checked")
+
+    monkeypatch.setattr("seqrec.training.run.evaluate_run", no_evaluation)
+    folder = tmp_path / "ranks.csv"
+    folder.mkdir()
+    line = error_of(capsys, "evaluate", file_run, "--export-ranks", folder)
+    assert line == f"error: --export-ranks {folder}: is a directory, not a file"
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("")
+    line = error_of(capsys, "evaluate", file_run, "--export-ranks", plain / "ranks.csv")
+    assert line == f"error: --export-ranks {plain / 'ranks.csv'}: {plain} is not a directory"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_export_ranks_into_an_unwritable_folder(
+    file_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = error_of(capsys, "evaluate", file_run, "--export-ranks", "/proc/ranks.csv")
+    assert line == "error: --export-ranks /proc/ranks.csv: /proc is not writable"
+
+
+# ---------------------------------------------------------------- files of the wrong kind
+@pytest.mark.parametrize(
+    ("command", "extra"),
+    [(["evaluate"], []), (["recommend"], ["--history", "i1"]), (["analyze", "depth"], ["--out"])],
+    ids=["evaluate", "recommend", "depth"],
+)
+def test_a_file_given_as_run_directory(
+    file_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+    extra: list[str],
+) -> None:
+    weights = file_run / "model.pt"
+    out = [tmp_path / "out"] if extra == ["--out"] else []
+    line = error_of(capsys, *command, weights, *extra, *out)
+    assert line == f"error: {weights} is a file, not a run directory; did you mean {file_run}?"
+
+
+def test_compare_with_a_directory_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ranks = tmp_path / "a.csv"
+    ranks.write_text("user_id,target,rank\nu1,i1,1\n")
+    line = error_of(capsys, "compare", ranks, tmp_path)
+    assert line == f"error: {tmp_path} is a directory, not a rank file"

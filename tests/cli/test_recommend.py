@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,108 @@ def test_batch_input_must_exist(
     assert main(["recommend", str(file_run), *args]) == 2
     assert "missing.txt does not exist" in one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "o").exists()
+
+
+def batch_error(capsys: pytest.CaptureFixture[str], run: Path, source: Path, output: Path) -> str:
+    """``recommend --input source --output output``: exit 2, one error line, returned."""
+    assert main(["recommend", str(run), "--input", str(source), "--output", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return one_error_line(captured.err)
+
+
+@pytest.mark.parametrize("how", ["same-path", "symlink"])
+def test_output_that_is_the_input_is_refused(
+    file_run: Path, items: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text(f"{items[0]} {items[1]}\n")
+    output = source
+    if how == "symlink":
+        output = tmp_path / "out.jsonl"
+        output.symlink_to(source)
+    line = batch_error(capsys, file_run, source, output)
+    assert line == f"error: --output {output} is the --input file; it would overwrite the input"
+    assert source.read_text() == f"{items[0]} {items[1]}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty; give one history per line"),
+        (b"i1 \xff\xfe i2\n", "is not UTF-8 text (invalid start byte at byte 3)"),
+        (None, "is a directory, not a file of histories"),
+    ],
+    ids=["empty", "not-utf8", "directory"],
+)
+def test_bad_input_file_is_named(
+    file_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes | None,
+    message: str,
+) -> None:
+    source = tmp_path / "in.txt"
+    if content is None:
+        source.mkdir()
+    else:
+        source.write_bytes(content)
+    line = batch_error(capsys, file_run, source, tmp_path / "out.jsonl")
+    assert line == f"error: --input {source} {message}"
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_output_that_is_a_directory_is_refused(
+    file_run: Path, items: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text(f"{items[0]}\n")
+    line = batch_error(capsys, file_run, source, tmp_path)
+    assert line == f"error: --output {tmp_path}: is a directory, not a file"
+
+
+def test_output_dash_is_stdout(
+    file_run: Path,
+    items: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where a file named "-" would appear
+    source = tmp_path / "in.txt"
+    source.write_text(f"{items[0]} {items[1]}\n{items[2]}\n")
+    assert main(["recommend", str(file_run), "--input", str(source), "--output", "-"]) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    assert [row["line"] for row in rows] == [1, 2]
+    assert "wrote 2 recommendations to stdout" in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_output_symlink_is_kept_and_its_file_written(
+    file_run: Path, items: list[str], tmp_path: Path
+) -> None:
+    source, real, link = tmp_path / "in.txt", tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    source.write_text(f"{items[0]}\n")
+    real.write_text("old\n")
+    link.symlink_to(real.name)
+    assert main(["recommend", str(file_run), "--input", str(source), "--output", str(link)]) == 0
+    assert link.is_symlink()
+    assert [row["line"] for row in read_jsonl(real)] == [1]
+
+
+def test_output_fifo_is_written_not_replaced(
+    file_run: Path, items: list[str], tmp_path: Path
+) -> None:
+    source, fifo = tmp_path / "in.txt", tmp_path / "out.fifo"
+    source.write_text(f"{items[0]}\n{items[1]}\n")
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so that the writer's open returns
+    try:
+        args = ["--input", str(source), "--output", str(fifo)]
+        assert main(["recommend", str(file_run), *args]) == 0
+        text = os.read(reader, 1 << 16).decode()
+    finally:
+        os.close(reader)
+    assert [json.loads(line)["line"] for line in text.splitlines()] == [1, 2]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)

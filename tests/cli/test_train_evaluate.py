@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from seqrec.cli import main
 from seqrec.config import TrainConfig
 from seqrec.training.checkpoint import load_run
-from tests.cli.helpers import read_jsonl, tiny_raw, write_yaml
+from tests.cli.conftest import file_raw
+from tests.cli.helpers import one_error_line, read_jsonl, tiny_raw, write_yaml
 
 METRIC_KEYS = ("NDCG@10", "HR@10", "MRR@10", "Recall@10")
 
@@ -88,6 +90,55 @@ def test_set_override_changes_the_saved_config(
     saved = json.loads((out / "config.json").read_text())
     assert saved["train"]["lr"] == 3e-4
     assert saved["train"]["max_epochs"] == 1
+
+
+def test_a_config_the_trainer_refuses_leaves_no_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GRU4Rec's loss couples a batch's rows; the retry with the value the error asks for
+    must then succeed (a stub run directory would refuse it)."""
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw(model={"name": "gru4rec"}))
+    args = ["train", "--config", str(config), "--out", str(tmp_path / "runs" / "gru")]
+    assert main([*args, "--set", "train.batch_parts=2"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "train.batch_parts needs a loss that splits by rows" in line
+    assert not (tmp_path / "runs").exists()
+    assert main([*args, "--set", "train.batch_parts=1"]) == 0
+    assert (tmp_path / "runs" / "gru" / "results.json").is_file()
+
+
+def test_a_run_trained_on_a_relative_data_path_evaluates_from_elsewhere(
+    log_csv: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    project = tmp_path / "project"
+    (project / "d").mkdir(parents=True)
+    shutil.copyfile(log_csv, project / "d" / "log.csv")
+    raw = file_raw(log_csv)
+    raw["data"]["path"] = "d/log.csv"
+    monkeypatch.chdir(project)
+    write_yaml(project / "c.yaml", raw)
+    train = ["train", "--config", "c.yaml", "--out", "run"]
+    assert main(train) == 0
+    capsys.readouterr()
+    saved_path = project / "run" / "config.json"
+    saved = json.loads(saved_path.read_text())
+    assert saved["data"]["path"] == str(project / "d" / "log.csv")
+
+    monkeypatch.chdir(tmp_path)
+    result = evaluate_json(capsys, str(project / "run"))
+    assert result["num_users"] == 300
+    expected = json.loads((project / "run" / "results.json").read_text())
+    assert result["NDCG@10"] == pytest.approx(expected["NDCG@10"], abs=1e-12)
+
+    # --resume compares the same normalised path, also with a run saved before this change.
+    monkeypatch.chdir(project)
+    assert main([*train, "--resume"]) == 0
+    saved["data"]["path"] = "d/log.csv"
+    saved_path.write_text(json.dumps(saved))
+    assert main([*train, "--resume"]) == 0
 
 
 def test_evaluate_prints_a_table_naming_the_protocol(

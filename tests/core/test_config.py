@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,6 +12,7 @@ from seqrec.config import (
     ConfigError,
     DataConfig,
     EvalConfig,
+    TokenizerConfig,
     TrainConfig,
     experiment_from_raw,
     from_dict,
@@ -85,3 +88,134 @@ def test_value_validation() -> None:
         DataConfig(temporal_quantile=1.5)
     with pytest.raises(ConfigError, match="dataset: file needs data.path"):
         DataConfig(dataset="file")
+
+
+@pytest.mark.parametrize(
+    ("section", "value"),
+    [
+        ("model", 5),
+        ("model", []),
+        ("data", 0),
+        ("data", ""),
+        ("train", []),
+        ("eval", "full"),
+        ("tokenizer", False),
+    ],
+)
+def test_section_that_is_not_a_mapping_is_named(section: str, value: object) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"section {section} must be a mapping .*got {re.escape(repr(value))}"
+    ):
+        experiment_from_raw({section: value})
+
+
+def test_model_given_as_a_name_suggests_the_mapping() -> None:
+    with pytest.raises(ConfigError, match=r"section model .*write `model: \{name: sasrec\}`"):
+        experiment_from_raw({"model": "sasrec"})
+
+
+def test_override_into_a_section_that_is_not_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model: sasrec\n")
+    with pytest.raises(ConfigError, match=r"section model .*`model: \{name: sasrec\}`"):
+        load_raw(path, ["model.hidden_size=64"])
+
+
+def test_null_sections_are_empty(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\nmodel:\ntrain:\neval:\ntokenizer:\n")
+    assert experiment_from_raw(load_raw(path)) == experiment_from_raw({})
+    config = experiment_from_raw(load_raw(path, ["model.name=gru4rec", "train.lr=0.01"]))
+    assert config.model == {"name": "gru4rec"}
+    assert config.train.lr == 0.01
+
+
+def test_exponent_without_a_dot_in_yaml_is_a_float(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {lr: 3e-4, weight_decay: 1E-3, betas: [9e-1, 0.98]}\n")
+    raw = load_raw(path)
+    assert raw["train"]["lr"] == "3e-4"  # YAML 1.1 needs a dot in a float
+    train = experiment_from_raw(raw).train
+    assert train.lr == 0.0003
+    assert train.weight_decay == 0.001
+    assert train.betas == (0.9, 0.98)
+
+
+@pytest.mark.parametrize("value", ["fast", "", "nan", "inf", "-Infinity", True, [1e-3]])
+def test_float_field_rejects_non_numbers(value: object) -> None:
+    with pytest.raises(ConfigError, match="train.lr: expected"):
+        from_dict(TrainConfig, {"lr": value}, "train")
+
+
+BAD_TRAIN = [
+    ("lr", 0.0, "finite number > 0"),
+    ("lr", float("nan"), "finite number > 0"),
+    ("lr", float("inf"), "finite number > 0"),
+    ("weight_decay", -1.0, "finite number >= 0"),
+    ("weight_decay", float("nan"), "finite number >= 0"),
+    ("weight_decay", float("inf"), "finite number >= 0"),
+    ("betas", [0.9], "two values, each in [0, 1)"),
+    ("betas", [0.9, 0.98, 0.5], "two values, each in [0, 1)"),
+    ("betas", [1.0, 0.98], "two values, each in [0, 1)"),
+    ("betas", [0.9, -0.1], "two values, each in [0, 1)"),
+    ("betas", [0.9, float("nan")], "two values, each in [0, 1)"),
+    ("batch_size", 0, ">= 1"),
+    ("max_epochs", -1, ">= 0"),
+    ("patience", 0, ">= 1"),
+    ("grad_clip", 0.0, "> 0, or null for no clipping"),
+    ("grad_clip", -1.0, "> 0, or null for no clipping"),
+    ("grad_clip", float("nan"), "> 0, or null for no clipping"),
+    ("time_budget_minutes", float("nan"), "> 0, or null for no limit"),
+    ("num_threads", 0, ">= 1, or null for all cores"),
+    ("num_threads", -1, ">= 1, or null for all cores"),
+    ("seed", -1, "in [0, 2**64)"),
+    ("seed", 2**64, "in [0, 2**64)"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), BAD_TRAIN)
+def test_train_value_out_of_range_is_named(key: str, value: object, allowed: str) -> None:
+    with pytest.raises(
+        ConfigError, match=re.escape(f"train.{key} must be") + ".*" + re.escape(allowed)
+    ):
+        from_dict(TrainConfig, {key: value}, "train")
+
+
+@pytest.mark.parametrize(
+    ("cls", "section", "key", "value"),
+    [
+        (EvalConfig, "eval", "num_negatives", 0),
+        (EvalConfig, "eval", "batch_size", 0),
+        (EvalConfig, "eval", "seed", -1),
+        (DataConfig, "data", "synthetic_seed", -1),
+        (TokenizerConfig, "tokenizer", "seed", 2**64),
+    ],
+)
+def test_other_value_out_of_range_is_named(
+    cls: type[Any], section: str, key: str, value: int
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"{section}.{key} must be")):
+        from_dict(cls, {key: value}, section)
+
+
+def test_edge_values_in_range_are_accepted() -> None:
+    train = from_dict(
+        TrainConfig,
+        {"weight_decay": 0, "betas": [0, 0.999], "grad_clip": 1e-6, "num_threads": 1},
+        "train",
+    )
+    assert train.betas == (0.0, 0.999)
+    assert from_dict(TrainConfig, {"seed": 2**64 - 1, "grad_clip": None}, "train").grad_clip is None
+    assert from_dict(EvalConfig, {"seed": 0, "batch_size": None}, "eval").batch_size is None
+
+
+def test_config_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("data: {dataset: caf\u00e9}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"config file .*latin1.yaml is not UTF-8 text"):
+        load_raw(path)
+
+
+def test_config_path_that_is_a_directory_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config file .* is a directory"):
+        load_raw(tmp_path)

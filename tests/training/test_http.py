@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,12 +13,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
+from seqrec.config import ConfigError
 from seqrec.serving.http import bind, create_app
 from seqrec.serving.predictor import Predictor
 from tests.training.http_client import call, served
@@ -215,6 +220,104 @@ def test_a_body_over_the_limit_is_refused_unread(predictor: Predictor, items: li
         status, answer = call(url, "/recommend", {"history": items[:3] * 30})
     assert status == 413
     assert answer["detail"].endswith("bytes; the limit is 200")
+
+
+def send(base: str, path: str, body: bytes | Iterable[bytes], content_type: str) -> tuple[int, Any]:
+    """(status, decoded JSON) of a POST of ``body``: with a Content-Length when it is bytes,
+    chunked (no Content-Length) when it is an iterable of chunks."""
+    address = urlsplit(base)
+    assert address.hostname is not None
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    try:
+        connection.request("POST", path, body=body, headers={"Content-Type": content_type})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(
+    predictor: Predictor, items: list[str]
+) -> None:
+    small = json.dumps({"history": items[:3]}).encode()
+    large = json.dumps({"history": items[:3] * 30}).encode()
+    assert len(small) < 200 < len(large)
+    with served(create_app(predictor, max_body_bytes=200)) as url:
+        assert send(url, "/recommend", [small[:10], small[10:]], "application/json")[0] == 200
+        chunks = [large[start : start + 64] for start in range(0, len(large), 64)]
+        status, answer = send(url, "/recommend", chunks, "application/json")
+        assert call(url, "/recommend", {"history": items[:3]})[0] == 200
+    assert status == 413
+    received = re.fullmatch(
+        r"request body of at least (\d+) bytes; the limit is 200", answer["detail"]
+    )
+    assert received is not None
+    assert 200 < int(received[1]) <= len(large)
+
+
+# JSON that Python reads but no response can hold: (the history, the rest of the body)
+NOT_RENDERABLE = {
+    "NaN": (b'["ID"]', b', "k": NaN'),
+    "Infinity": (b'["ID"]', b', "k": Infinity'),
+    "-Infinity": (b'["ID"]', b', "exclude_seen": -Infinity'),
+    "1e400": (b'["ID"]', b', "k": 1e400'),
+    "setting": (b'["ID"]', b', "settings": {"depth": NaN}'),
+    "escaped surrogate": (b'["\\ud800"]', b""),
+    "surrogate bytes": (b'["\xed\xa0\x80"]', b""),
+    "unknown surrogate": (b'["ID", "\\udfff"]', b', "k": 2'),  # the 200 path lists it as unknown
+    "surrogate key": (b'["ID"]', b', "\\ud83d": 1'),
+}
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["recommend", "batch"])
+@pytest.mark.parametrize("case", list(NOT_RENDERABLE.values()), ids=list(NOT_RENDERABLE))
+def test_non_finite_numbers_and_lone_surrogates_are_400_and_serving_goes_on(
+    base: str, items: list[str], batch: bool, case: tuple[bytes, bytes]
+) -> None:
+    history, rest = case
+    history = history.replace(b'"ID"', json.dumps(items[0]).encode())
+    if batch:
+        route, raw = "/recommend/batch", b'{"histories": [' + history + b"]" + rest + b"}"
+    else:
+        route, raw = "/recommend", b'{"history": ' + history + rest + b"}"
+    status, answer = call(base, route, raw=raw)
+    assert status == 400
+    assert answer["detail"].startswith("cannot read the JSON body: ")
+    assert "finite" in answer["detail"] or "lone UTF-16 surrogate" in answer["detail"]
+    assert call(base, "/recommend", {"history": items[:3]})[0] == 200
+
+
+def test_a_body_that_is_not_json_gets_422_without_its_bytes(base: str, items: list[str]) -> None:
+    status, answer = send(base, "/recommend", b"\xff\xfe not UTF-8", "text/plain")
+    assert status == 422
+    assert answer["detail"][0]["loc"] == ["body"]
+    assert "input" not in answer["detail"][0]
+    assert call(base, "/recommend", {"history": items[:3]})[0] == 200
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 70000])
+def test_a_port_out_of_range_is_a_config_error(port: int) -> None:
+    with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}: .* 0-65535"):
+        bind("127.0.0.1", port)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"), [("--port", "70000", "65535"), ("--threads", "0", "--threads")]
+)
+def test_seqrec_serve_refuses_a_flag_out_of_range_in_one_line(
+    tiny_run: Path, flag: str, value: str, named: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "seqrec.cli", "serve", str(tiny_run), flag, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert named in done.stderr
+    assert "unexpected" not in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_seqrec_serve_without_the_serve_extra_says_how_to_install_it(

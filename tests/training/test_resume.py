@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from seqrec.config import ConfigError, experiment_from_raw
 from seqrec.data.prepare import prepare
 from seqrec.io import atomic_path
 from seqrec.models.base import build_model, build_model_config
-from seqrec.training.checkpoint import load_torch, save_torch
+from seqrec.training.checkpoint import RunDirError, load_torch, save_torch
 from seqrec.training.loop import Trainer, seed_everything
+from seqrec.training.run import train_experiment
 from tests.cli.helpers import (
     SEQREC,
     assert_rows_close,
@@ -39,7 +41,11 @@ KILL_RAW = tiny_raw(train={"max_epochs": 10, "patience": 100})
 
 
 def digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    """Each file's hash; a folder (e.g. a checkpoint.pt that is one) only by name."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder"
+        for p in sorted(folder.iterdir())
+    }
 
 
 def temp_files(folder: Path) -> list[Path]:
@@ -177,6 +183,50 @@ def test_resume_with_a_different_config_is_refused(
     assert digest(run_dir) == before
 
 
+@pytest.mark.parametrize("with_config", [True, False], ids=["config", "no-config"])
+def test_resume_refuses_a_finished_run_without_its_checkpoint(
+    finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], with_config: bool
+) -> None:
+    """Resuming would retrain from epoch 1 and overwrite the finished weights."""
+    config, run_dir = finished_run
+    (run_dir / "checkpoint.pt").unlink()  # e.g. removed to save space
+    weights = (run_dir / "model.pt").read_bytes()
+    before = digest(run_dir)
+    args = ["--config", str(config)] if with_config else []
+    assert main(["train", *args, "--out", str(run_dir), "--resume"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "(model.pt, results.json) but no checkpoint.pt to resume from" in line
+    assert "choose a new --out" in line
+    assert (run_dir / "model.pt").read_bytes() == weights
+    assert digest(run_dir) == before
+
+
+def test_resume_refuses_a_checkpoint_that_is_a_folder_before_training(
+    finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, run_dir = finished_run
+    (run_dir / "checkpoint.pt").unlink()
+    (run_dir / "checkpoint.pt").mkdir()
+    before = digest(run_dir)
+    assert main(["train", "--config", str(config), "--out", str(run_dir), "--resume"]) == 2
+    assert "checkpoint.pt is not a file" in one_error_line(capsys.readouterr().err)
+    assert digest(run_dir) == before  # no epoch trained, nothing rewritten
+
+
+def test_an_unreadable_checkpoint_is_named_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.pt"
+    save_torch({"state": {"epoch": 1}}, path)
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(torch, "load", denied)
+    with pytest.raises(RunDirError, match=r"cannot read .*checkpoint\.pt: Permission denied"):
+        load_torch(path)
+
+
 def test_resume_accepts_a_run_started_with_another_eval_chunk_size(
     finished_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -244,6 +294,43 @@ def test_trainer_resume_continues_exactly_where_it_stopped(tmp_path: Path) -> No
     assert temp_files(tmp_path / "b") == []
 
 
+def crash_in_epoch(epoch: int) -> Callable[[dict[str, object]], None]:
+    def on_epoch_end(row: dict[str, object]) -> None:
+        if row["epoch"] == epoch:
+            raise Crash(f"epoch {epoch}")
+
+    return on_epoch_end
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-folder", "existing-folder"])
+def test_a_failure_before_the_first_checkpoint_removes_only_what_the_run_wrote(
+    tmp_path: Path, existing: bool
+) -> None:
+    """Else the stub (config.json, id_map.json) refuses every retry."""
+    run_dir = tmp_path / "new" / "run"
+    if existing:
+        run_dir.mkdir(parents=True)
+        (run_dir / "notes.txt").write_text("the user's")
+    config = experiment_from_raw(tiny_raw(train={"max_epochs": 2}))
+    with pytest.raises(Crash, match="epoch 1"):
+        train_experiment(config, run_dir, on_epoch_end=crash_in_epoch(1))
+    if existing:
+        assert [p.name for p in run_dir.iterdir()] == ["notes.txt"]
+        assert (run_dir / "notes.txt").read_text() == "the user's"
+    else:
+        assert not (tmp_path / "new").exists()  # the parent it created too
+    assert train_experiment(config, run_dir).fit.epochs == 2
+
+
+def test_a_failure_after_the_first_checkpoint_keeps_the_run_to_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = experiment_from_raw(tiny_raw(train={"max_epochs": 2}))
+    with pytest.raises(Crash, match="epoch 2"):
+        train_experiment(config, run_dir, on_epoch_end=crash_in_epoch(2))
+    assert load_torch(run_dir / "checkpoint.pt")["state"]["epoch"] == 1
+    assert train_experiment(config, run_dir, resume=True).fit.epochs == 2
+
+
 # ---------------------------------------------------------------- atomic writes
 def write_then_fail(target: Path, text: str) -> None:
     with atomic_path(target) as tmp:
@@ -299,8 +386,6 @@ def test_a_run_started_before_a_new_config_field_resumes(tmp_path: Path) -> None
     same = tiny_raw(train={"max_epochs": 1})
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path / "c")
-        from seqrec.training.run import train_experiment
-
         outcome = train_experiment(experiment_from_raw(same), run, resume=True)
         assert outcome.fit.epochs == 1
         changed = tiny_raw(train={"max_epochs": 1, "init_from": str(run)})

@@ -3,6 +3,7 @@ routes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,6 +149,26 @@ def test_session_routes_refuse_bad_requests(base: str, items: list[str]) -> None
     assert status == 422
     assert answer["detail"]["error"] == "cannot start: no known item in the history"
     assert call(base, "/sessions/never", method="DELETE")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "raw"),
+    [
+        ("PUT", "/sessions/s", b'{"history": [ID, "\\ud800"]}'),  # "\ud800" would be unknown
+        ("PUT", "/sessions/s", b'{"history": [ID], "k": NaN}'),
+        ("POST", "/sessions/s/events", b'{"item": "\\udfff"}'),
+        ("POST", "/sessions/s/events", b'{"item": ID, "k": 1e400}'),
+    ],
+)
+def test_session_routes_refuse_non_finite_numbers_and_lone_surrogates(
+    base: str, items: list[str], method: str, path: str, raw: bytes
+) -> None:
+    assert call(base, "/sessions/s", {"history": items[:3]}, method="PUT")[0] == 200
+    raw = raw.replace(b"ID", json.dumps(items[5]).encode())
+    status, answer = call(base, path, raw=raw, method=method)
+    assert status == 400
+    assert answer["detail"].startswith("cannot read the JSON body: ")
+    assert call(base, "/sessions/s/events", {"item": items[6]})[0] == 200
 
 
 def test_session_routes_on_a_stateless_model_are_400(tiny_run: Path) -> None:

@@ -114,6 +114,8 @@ def paired_differences(
     """A - B for HR, NDCG and MRR at each k, over the users both files rank."""
     if bootstrap < 1:
         raise ValueError(f"bootstrap must be >= 1, got {bootstrap}")
+    if not ks or min(ks) < 1:
+        raise ValueError(f"the cut-offs k must be >= 1, got {list(ks)}")
     ranks_a, ranks_b = aligned_ranks(a, b)
     if len(ranks_a) < 2:
         raise ValueError("a paired comparison needs at least two users")

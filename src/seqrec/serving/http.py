@@ -17,23 +17,34 @@ model's inference settings for this request only (``{"depth": 2}`` for RecRec, `
 20}`` for TIGER). ``/recommend`` is stateless: each request carries the whole history.
 
 Errors are JSON ``{"detail": ...}``: 422 for a malformed body (FastAPI's field-by-field
-list), 400 for settings the model does not have, 422 with the unknown ids for a single history
-with no known item, 413 for a body declared larger than 64 MiB. In a batch, a history with no
-known item gets its own ``error`` and the rest are answered. A session not held (never
-started, ended, or dropped as the least recently used beyond the capacity) is 404; an event
-with an item outside the catalogue is 422 and leaves the session unchanged; sessions on a
-model without a recurrent state are 400.
+list, without the rejected values), 400 for a body with NaN, Infinity, a number beyond a
+float's range or a string with a lone UTF-16 surrogate (no response could echo them), 400 for
+settings the model does not have, 422 with the unknown ids for a single history with no known
+item, 413 for a body larger than 64 MiB (chunked or not). In a batch, a history with no known
+item gets its own ``error`` and the rest are answered. A session not held (never started,
+ended, or dropped as the least recently used beyond the capacity) is 404; an event with an
+item outside the catalogue is 422 and leaves the session unchanged; sessions on a model
+without a recurrent state are 400.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import re
 import socket
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Path, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqrec.config import ConfigError
 from seqrec.serving.predictor import Predictor, Recommendation
@@ -44,7 +55,8 @@ logger = logging.getLogger(__name__)
 MAX_K = 1000
 MAX_HISTORY = 100_000  # ids per history; the model reads only its last max_seq_len
 MAX_BATCH = 1024  # histories per batch request
-MAX_BODY_BYTES = 64 * 2**20  # a request declaring a larger body is refused (413) unread
+MAX_BODY_BYTES = 64 * 2**20  # a larger request body is refused (413)
+MAX_PORT = 65535
 MAX_SESSIONS = 10_000  # default; a one-layer d = 64 Mamba4Rec state is 17.5 KiB
 
 ItemId = StrictStr | StrictInt
@@ -114,15 +126,16 @@ def create_app(
     if predictor.model.uses_users:
         raise ValueError("this model needs user ids (a user embedding); it cannot serve histories")
     app = FastAPI(title="seqrec", summary="next-item recommendations from a trained run")
+    app.router.route_class = _StrictJsonRoute
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
     store = SessionStore(predictor, max_sessions) if supports_sessions(predictor) else None
 
-    @app.middleware("http")
-    async def refuse_large_bodies(request: Request, call_next: Any) -> Any:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            detail = f"request body of {declared} bytes; the limit is {max_body_bytes}"
-            return JSONResponse(status_code=413, content={"detail": detail})
-        return await call_next(request)
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        # FastAPI's default answer also echoes each rejected value ("input"): a whole history at
+        # worst, and raw bytes (a body sent as text/plain) that JSON cannot hold unless UTF-8.
+        errors = [{key: value for key, value in e.items() if key != "input"} for e in err.errors()]
+        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
 
     @app.get("/health")
     def health() -> Health:
@@ -212,6 +225,119 @@ def _response(result: Recommendation, failure: str) -> RecommendResponse:
     return RecommendResponse(items=result.items, scores=result.scores, unknown=result.unknown)
 
 
+class _BodyLimit:
+    """ASGI middleware: 413 for a request body over ``max_bytes``, unread when its Content-Length
+    says so, and otherwise (a chunked body) as soon as what arrived passes the limit."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(f"request body of {declared} bytes", scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(f"request body of at least {size} bytes", scope, receive, send)
+                return
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:  # after the body: wait for the disconnect, as the server would
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, what: str, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"{what}; the limit is {self.max_bytes}"
+        await JSONResponse(status_code=413, content={"detail": detail})(scope, receive, send)
+
+
+class _StrictJsonRequest(Request):
+    """A request whose JSON body holds only finite numbers and strings without lone surrogates.
+
+    Python's ``json`` reads NaN, Infinity, 1e400 (as inf) and "\\ud800", but no response can
+    render them, so a request echoing one (a validation error, an unknown id) would fail with 500.
+    """
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                parsed = json.loads(
+                    await self.body(), parse_constant=_no_constant, parse_float=_finite_float
+                )
+            except json.JSONDecodeError:
+                raise  # FastAPI answers 422 with the position
+            except ValueError as err:  # also not UTF-8, or an int of over 4300 digits
+                raise HTTPException(400, f"cannot read the JSON body: {err}") from None
+            if any(_LONE_SURROGATE.search(text) for text in _strings(parsed)):
+                raise HTTPException(
+                    400,
+                    "cannot read the JSON body: a string holds a lone UTF-16 surrogate (half a"
+                    " character, as from a cut emoji)",
+                )
+            self._json = parsed
+        return self._json
+
+
+class _StrictJsonRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict_handler(request: Request) -> Response:
+            return await handler(_StrictJsonRequest(request.scope, request.receive))
+
+        return strict_handler
+
+
+# json joins an escaped pair such as "\ud83d\ude00" into one character: any surrogate left is lone
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number (beyond a float's range)")
+    return value
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in parsed JSON, object keys included (without recursion: the client chose
+    the depth)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+
+
 def _no_session(session_id: str) -> str:
     return (
         f"no session {session_id!r} (never started, ended, or dropped as the least recently "
@@ -222,6 +348,8 @@ def _no_session(session_id: str) -> str:
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket (port 0: any free port), so that the address is known before
     the server starts."""
+    if not 0 <= port <= MAX_PORT:  # socket.bind raises OverflowError, which is no OSError
+        raise ConfigError(f"cannot listen on {host}:{port}: the port must be 0-{MAX_PORT}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

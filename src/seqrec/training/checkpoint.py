@@ -49,10 +49,14 @@ def save_torch(obj: Any, path: Path) -> None:
 
 
 def load_torch(path: Path) -> Any:
-    if not path.is_file():
+    if not path.exists():
         raise RunDirError(f"{path} is missing")
+    if not path.is_file():
+        raise RunDirError(f"{path} is not a file")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError as err:  # other OSErrors come from a truncated file
+        raise RunDirError(f"cannot read {path}: {err.strerror or _first_line(err)}") from None
     except Exception as err:  # torch raises many types for a truncated or foreign file
         raise RunDirError(f"{path} is corrupt or not a seqrec file ({_first_line(err)})") from None
 

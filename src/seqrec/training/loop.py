@@ -72,6 +72,24 @@ def check_train_config(config: ExperimentConfig) -> None:
     build_model_config(config.model, num_items=1, num_users=1)
 
 
+def check_trainer_config(model: SequentialRecommender, config: ExperimentConfig) -> None:
+    """Settings that can only be checked against the built model; ``Trainer`` runs this
+    before it changes anything (threads, device, optimizer)."""
+    check_train_config(config)
+    if config.train.windows != "last" and model.batch_needs.prefix_examples:
+        raise ConfigError(
+            f"train.windows: {config.train.windows} cuts users' sequences into windows; "
+            f"{model.config.name} with these settings trains on one example per target, "
+            "which uses every target already: use train.windows: last"
+        )
+    if config.train.batch_parts > 1 and not model.config.loss_splits_by_rows:
+        raise ConfigError(
+            f"train.batch_parts needs a loss that splits by rows; {model.config.name} "
+            "with these settings couples the rows of a batch (in-batch negatives or a "
+            "contrastive term): use train.batch_parts=1"
+        )
+
+
 @dataclass
 class EpochStats:
     loss: float
@@ -198,6 +216,7 @@ class Trainer:
         run_dir: Path | None = None,
         on_epoch_end: EpochCallback | None = None,
     ) -> None:
+        check_trainer_config(model, config)
         self.model = model
         self.data = data
         self.config = config
@@ -210,12 +229,6 @@ class Trainer:
             torch.set_num_threads(config.train.num_threads)
         self.model.to(self.device)
         self.optimizer = build_optimizer(model, config.train)
-        if config.train.windows != "last" and model.batch_needs.prefix_examples:
-            raise ConfigError(
-                f"train.windows: {config.train.windows} cuts users' sequences into windows; "
-                f"{model.config.name} with these settings trains on one example per target, "
-                "which uses every target already: use train.windows: last"
-            )
         self.batches = TrainBatches(
             sequences=data.split.train,
             users=data.split.train_users,
@@ -229,13 +242,6 @@ class Trainer:
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
-        check_train_config(config)
-        if config.train.batch_parts > 1 and not model.config.loss_splits_by_rows:
-            raise ConfigError(
-                f"train.batch_parts needs a loss that splits by rows; {model.config.name} "
-                "with these settings couples the rows of a batch (in-batch negatives or a "
-                "contrastive term): use train.batch_parts=1"
-            )
 
     def validate(self) -> dict[str, float]:
         result = evaluate_model(
@@ -245,7 +251,7 @@ class Trainer:
 
     def resume(self) -> bool:
         """Load the last completed epoch from the run directory; False when there is none."""
-        if self.run_dir is None or not (self.run_dir / STATE).is_file():
+        if self.run_dir is None or not (self.run_dir / STATE).exists():
             return False
         saved = load_torch(self.run_dir / STATE)
         self.model.load_state_dict(saved["model"])

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from seqrec.training.checkpoint import (
     ID_MAP,
     RESULTS,
     STATE,
+    WEIGHTS,
     LoadedRun,
     RunDirError,
     load_run,
@@ -51,7 +54,6 @@ from seqrec.training.loop import (
     FitResult,
     Trainer,
     check_train_config,
-    log_epoch,
     resolve_device,
     seed_everything,
 )
@@ -92,10 +94,26 @@ RESUME_FREE_FIELDS = {
 }
 
 
+def _absolute_data_path(config: ExperimentConfig) -> ExperimentConfig:
+    """``config`` with ``data.path`` made absolute, so that the run's config.json names the
+    same file from any working directory."""
+    if config.data.path is None:
+        return config
+    path = _absolute(config.data.path)
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, path=path))
+
+
+def _absolute(path: str) -> str:
+    # Not resolve(): a symlink in the path the user gave stays as written.
+    return str(Path(path).expanduser().absolute())
+
+
 def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, Any]) -> None:
     saved = read_config(run_dir)
     for section in ("data", "model", "train", "eval", "tokenizer"):
-        theirs, ours = saved.get(section) or {}, resolved[section]
+        theirs, ours = dict(saved.get(section) or {}), resolved[section]
+        if section == "data" and isinstance(theirs.get("path"), str):
+            theirs["path"] = _absolute(theirs["path"])  # a run saved before paths were absolute
         # A field added to seqrec after the run started is absent from its config.json; at its
         # default it changes nothing, so it is no reason to refuse the resume.
         defaults = _field_defaults(config, section)
@@ -218,6 +236,46 @@ def model_for_data(
     return model, semantic_ids
 
 
+def _check_resumable(run_dir: Path) -> None:
+    """Refuse a resume that would train from scratch over a run's finished weights, or that
+    would fail only after an epoch, when checkpoint.pt cannot be replaced."""
+    state = run_dir / STATE
+    if state.exists() and not state.is_file():
+        raise RunDirError(f"--resume: {state} is not a file; move it away or choose a new --out")
+    finished = [name for name in (WEIGHTS, RESULTS) if (run_dir / name).exists()]
+    if finished and not state.exists():
+        raise RunDirError(
+            f"--resume: {run_dir} holds a trained run ({', '.join(finished)}) but no {STATE} "
+            "to resume from; resuming would train again from epoch 1 over its weights: "
+            "choose a new --out"
+        )
+
+
+@contextmanager
+def _removed_unless_checkpointed(run_dir: Path) -> Iterator[None]:
+    """Remove what the block adds to ``run_dir`` (and the directories it creates) when it
+    fails before a checkpoint exists: such a stub would refuse every retry ("already holds a
+    run"; "--resume: the config differs"). What was there before is left alone."""
+    created = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # deepest first
+    before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+    try:
+        yield
+    except Exception:  # not KeyboardInterrupt: an interrupted run keeps its stub for --resume
+        if not (run_dir / STATE).exists():
+            new = set(run_dir.iterdir()) - before if run_dir.is_dir() else set()
+            for path in new:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            for folder in created:
+                try:
+                    folder.rmdir()  # only when empty
+                except OSError:
+                    break
+        raise
+
+
 def train_experiment(
     config: ExperimentConfig,
     run_dir: Path,
@@ -226,33 +284,42 @@ def train_experiment(
     resume: bool = False,
     on_epoch_end: EpochCallback | None = None,
 ) -> TrainOutcome:
-    """Train ``config`` into ``run_dir`` (or continue it, ``resume``); test the best model."""
-    started = (run_dir / CONFIG).is_file() or (run_dir / STATE).is_file()
+    """Train ``config`` into ``run_dir`` (or continue it, ``resume``); test the best model.
+
+    Every check, the Trainer's included, runs before anything is written to ``run_dir``.
+    """
+    started = (run_dir / CONFIG).is_file() or (run_dir / STATE).exists()
     if started and not resume:
         raise RunDirError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out"
         )
-    check_train_config(config)  # before anything is written to run_dir
+    if resume:
+        _check_resumable(run_dir)
+    config = _absolute_data_path(config)
+    check_train_config(config)  # before the data is read or downloaded
     data = prepare(config.data, data_dir)
     seed_everything(config.train.seed)
     model, semantic_ids = model_for_data(config, data, data_dir, run_dir, started)
     resolved = _resolved(config, model, data)
     if started:
         _check_resume(run_dir, config, resolved)
-    if config.train.init_from is not None and not (resume and (run_dir / STATE).is_file()):
+    if config.train.init_from is not None and not (resume and (run_dir / STATE).exists()):
         warm_start(model, config.train.init_from, data)  # a resumed run has its own weights
-    if config.train.tensorboard:  # fails here, before any write, when the extra is missing
-        on_epoch_end = tensorboard_callback(run_dir / "tensorboard", on_epoch_end or log_epoch)
-    if not started:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        data.id_map.save(run_dir / ID_MAP)
-    save_json(resolved, run_dir / CONFIG)  # a resume may have changed a free train field
-    if semantic_ids is not None:
-        semantic_ids.save(run_dir)
     trainer = Trainer(model, data, config, run_dir, on_epoch_end)
     if resume and not trainer.resume():
         logger.info("--resume: %s has no completed epoch yet; starting from epoch 1", run_dir)
-    fit = trainer.fit()
+    with _removed_unless_checkpointed(run_dir):
+        if config.train.tensorboard:  # fails here, before any write, when the extra is missing
+            trainer.on_epoch_end = tensorboard_callback(
+                run_dir / "tensorboard", trainer.on_epoch_end
+            )
+        if not started:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            data.id_map.save(run_dir / ID_MAP)
+        save_json(resolved, run_dir / CONFIG)  # a resume may have changed a free train field
+        if semantic_ids is not None:
+            semantic_ids.save(run_dir)
+        fit = trainer.fit()
     test = evaluate_model(model, data, config.eval, split="test", device=str(trainer.device))
     save_json(
         {

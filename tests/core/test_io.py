@@ -1,0 +1,91 @@
+"""Atomic writes: modes as ``open`` gives them, symlinks and FIFOs kept, errors name the target."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from seqrec.io import atomic_path, atomic_write_text
+
+
+@pytest.fixture
+def umask_027() -> Iterator[None]:
+    old = os.umask(0o027)
+    yield
+    os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("umask_027")
+def test_a_new_file_gets_the_mode_open_would_give(tmp_path: Path) -> None:
+    atomic_write_text(tmp_path / "new.txt", "x")
+    (tmp_path / "plain.txt").write_text("x")
+    assert mode(tmp_path / "new.txt") == mode(tmp_path / "plain.txt") == 0o640
+
+
+@pytest.mark.usefixtures("umask_027")
+def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
+    target = tmp_path / "shared.txt"
+    target.write_text("old")
+    target.chmod(0o664)
+    atomic_write_text(target, "new")
+    assert target.read_text() == "new"
+    assert mode(target) == 0o664
+
+
+def test_a_symlink_is_kept_and_the_file_it_points_to_replaced(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    real.write_text("old")
+    link.symlink_to(real.name)
+    atomic_write_text(link, "new")
+    assert link.is_symlink()
+    assert real.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.txt", "real.txt"]
+
+
+def test_a_fifo_is_written_in_place(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so that the writer's open returns
+    try:
+        atomic_write_text(fifo, "through the pipe\n")
+        assert os.read(reader, 1024) == b"through the pipe\n"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_a_directory_target_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "out.csv").mkdir()
+    with pytest.raises(IsADirectoryError) as caught:
+        atomic_write_text(tmp_path / "out.csv", "x")
+    assert caught.value.filename == str(tmp_path / "out.csv")
+
+
+def test_an_error_while_writing_names_the_target_and_leaves_no_file(tmp_path: Path) -> None:
+    target = tmp_path / "ranks.csv"
+    target.write_text("kept")
+    with pytest.raises(OSError, match="No space left") as caught, atomic_path(target) as tmp:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+    assert caught.value.filename == str(target)
+    assert target.read_text() == "kept"
+    assert [p.name for p in tmp_path.iterdir()] == ["ranks.csv"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux /proc")
+def test_a_descriptor_link_to_a_regular_file_is_written_in_place(tmp_path: Path) -> None:
+    held = tmp_path / "held.txt"
+    with open(held, "w") as handle:  # as the shell holds the file of `> held.txt`
+        inode = held.stat().st_ino
+        atomic_write_text(Path(f"/proc/self/fd/{handle.fileno()}"), "written through fd\n")
+    assert held.read_text() == "written through fd\n"
+    assert held.stat().st_ino == inode
