@@ -396,6 +396,24 @@ def _floats(text: str) -> tuple[float, ...]:
         raise ConfigError(f"expected numbers separated by commas, got {text!r}") from None
 
 
+def _seeds(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        raise ConfigError(
+            f"{flag}: expected whole numbers separated by commas, got {text!r}"
+        ) from None
+    if not seeds or min(seeds) < 0:
+        raise ConfigError(f"{flag}: expected one or more seeds >= 0, got {text!r}")
+    return seeds
+
+
+def _at_least_one(**values: int) -> None:
+    for flag, value in values.items():
+        if value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+
 def cmd_analyze_residual(args: argparse.Namespace) -> int:
     from seqrec.analysis import ResidualOptions, analyzable, run_residual, write_residual_report
     from seqrec.analysis.report import residual_summary_lines
@@ -404,12 +422,13 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
     from seqrec.training.run import data_for_run
 
     _check_output("--out", args.out, folder=True)
+    shuffle_seeds = _seeds("--shuffle-seeds", args.shuffle_seeds)
     run = load_run(_run_dir(args.run_dir))
     analyzable(run.model)  # refuse a model the diagnostics cannot run on, before any work
     options = ResidualOptions(
         alphas=_floats(args.alphas),
         epsilons=_floats(args.epsilons),
-        shuffle_seeds=tuple(int(v) for v in _floats(args.shuffle_seeds)),
+        shuffle_seeds=shuffle_seeds,
         k=args.k,
         filter_seen=args.filter_seen,
         batch_size=args.batch_size,
@@ -440,6 +459,7 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     from seqrec.training.run import data_for_run
 
     _check_output("--out", args.out, folder=True)
+    _at_least_one(recent=args.recent, per_genre=args.per_genre)
     device = resolve_device(args.device)
     runs = []
     for run_dir, label in zip(args.run_dirs, run_labels(args.run_dirs), strict=True):

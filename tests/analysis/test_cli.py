@@ -166,6 +166,25 @@ def test_alphas_must_include_one(
     assert "must include 1.0" in one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(
+    ("command", "flags", "message"),
+    [
+        ("residual", ["--shuffle-seeds", "1.5"], "--shuffle-seeds: expected whole numbers"),
+        ("residual", ["--shuffle-seeds", "-1"], "--shuffle-seeds: expected one or more seeds"),
+        ("attention", ["--recent", "0"], "--recent must be >= 1"),
+        ("attention", ["--per-genre", "-1"], "--per-genre must be >= 1"),
+    ],
+)
+def test_bad_counts_and_seeds_are_refused_before_any_work(
+    command: str, flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["analyze", command, str(tmp_path / "no-run"), "--out", str(out), *flags]
+    assert main(argv) == 2
+    assert message in one_error_line(capsys.readouterr().err)  # before the missing run is read
+    assert not out.exists()
+
+
 # The diagnostics are functions of a model and prepared data; loading a run directory is the
 # CLI's job (seqrec.analysis.depth, a run-level command, is outside this rule).
 DIAGNOSTICS = ["hooks", "decomposition", "residual", "attention", "report", "tables", "figures"]
