@@ -20,7 +20,7 @@ from seqrec.config import ConfigError, experiment_from_raw, load_raw, set_dotted
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_write_text, written_in_place
 from seqrec.metrics import METRICS
-from seqrec.training.checkpoint import CONFIG, RunDirError
+from seqrec.training.checkpoint import RunDirError
 
 if TYPE_CHECKING:
     from seqrec.evaluation import EvalResult
@@ -80,15 +80,6 @@ def _can_create_in(folder: Path) -> bool:
     os.close(fd)
     os.unlink(name)
     return True
-
-
-def _run_dir(path: str) -> str:
-    """``path`` as a run directory argument; a file gets a clearer message than "does not exist"."""
-    if Path(path).is_file():
-        parent = Path(path).parent
-        hint = f"; did you mean {parent}?" if (parent / CONFIG).is_file() else ""
-        raise RunDirError(f"{path} is a file, not a run directory{hint}")
-    return path
 
 
 # ---------------------------------------------------------------- data
@@ -156,9 +147,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from seqrec.analysis.compare import paired_differences, read_ranks
 
-    for path in (args.ranks_a, args.ranks_b):
-        if Path(path).is_dir():
-            raise DataError(f"{path} is a directory, not a rank file")
     rows = paired_differences(
         read_ranks(args.ranks_a),
         read_ranks(args.ranks_b),
@@ -193,7 +181,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.export_ranks:
         _check_output("--export-ranks", args.export_ranks)
     result, run = evaluate_run(
-        _run_dir(args.run_dir),
+        args.run_dir,
         split=args.split,
         overrides=overrides,
         data_dir=args.data_dir,
@@ -282,9 +270,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    predictor = Predictor.from_run_dir(
-        _run_dir(args.run_dir), settings=_inference_settings(args.set)
-    )
+    predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
     app = create_app(predictor, args.max_sessions)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
@@ -304,9 +290,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.input is not None:  # both files are checked before the model is loaded
         histories = _read_histories(Path(args.input))
         _check_recommend_output(args.input, args.output)
-    predictor = Predictor.from_run_dir(
-        _run_dir(args.run_dir), settings=_inference_settings(args.set)
-    )
+    predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
     exclude_seen = not args.keep_seen
     if histories is not None:
         return _recommend_batch(predictor, histories, args.k, exclude_seen, args.output)
@@ -423,7 +407,7 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
 
     _check_output("--out", args.out, folder=True)
     shuffle_seeds = _seeds("--shuffle-seeds", args.shuffle_seeds)
-    run = load_run(_run_dir(args.run_dir))
+    run = load_run(args.run_dir)
     analyzable(run.model)  # refuse a model the diagnostics cannot run on, before any work
     options = ResidualOptions(
         alphas=_floats(args.alphas),
@@ -463,7 +447,7 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     runs = []
     for run_dir, label in zip(args.run_dirs, run_labels(args.run_dirs), strict=True):
-        run = load_run(_run_dir(run_dir))
+        run = load_run(run_dir)
         analyzable(run.model, users=True)
         data = data_for_run(run, args.data_dir)
         source = str(run.resolved.get("dataset", {}).get("source", ""))
@@ -489,7 +473,7 @@ def cmd_analyze_depth(args: argparse.Namespace) -> int:
 
     _check_output("--out", args.out, folder=True)
     report = analyze_depth(
-        _run_dir(args.run_dir),
+        args.run_dir,
         args.out,
         max_depth=args.max_depth,
         data_dir=args.data_dir,

@@ -44,6 +44,8 @@ class PairedDifference:
 def read_ranks(path: str | Path) -> pl.DataFrame:
     """A rank file as (user_id, target, rank), user ids and targets as strings."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a rank file")
     if not path.is_file():
         raise ValueError(f"rank file {path} does not exist")
     try:

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol, cast
 
 import torch
@@ -203,7 +203,7 @@ class RecRecConfig(ModelConfig):
 
     @property
     def batch_needs(self) -> BatchNeeds:
-        return BatchNeeds(prefix_examples=self.train_positions == "prefixes")
+        return replace(super().batch_needs, prefix_examples=self.train_positions == "prefixes")
 
     @property
     def inference_depth(self) -> int:

@@ -83,6 +83,9 @@ class LoadedRun:
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
+    if run_dir.is_file():
+        hint = f"; did you mean {run_dir.parent}?" if (run_dir.parent / CONFIG).is_file() else ""
+        raise RunDirError(f"{run_dir} is a file, not a run directory{hint}")
     if not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} does not exist")
     path = run_dir / CONFIG

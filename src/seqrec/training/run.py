@@ -237,11 +237,9 @@ def model_for_data(
 
 
 def _check_resumable(run_dir: Path) -> None:
-    """Refuse a resume that would train from scratch over a run's finished weights, or that
-    would fail only after an epoch, when checkpoint.pt cannot be replaced."""
+    """Refuse a resume that would train from scratch over a run's finished weights (a
+    checkpoint that is not a file is refused where it is loaded, ``Trainer.resume``)."""
     state = run_dir / STATE
-    if state.exists() and not state.is_file():
-        raise RunDirError(f"--resume: {state} is not a file; move it away or choose a new --out")
     finished = [name for name in (WEIGHTS, RESULTS) if (run_dir / name).exists()]
     if finished and not state.exists():
         raise RunDirError(
