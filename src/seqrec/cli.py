@@ -168,7 +168,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from seqrec.evaluation import export_ranks
+    from seqrec.evaluation import check_rank_export, export_ranks
     from seqrec.training.run import evaluate_run
 
     overrides: dict[str, Any] = {}
@@ -176,9 +176,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         overrides["protocol"] = args.protocol
     if args.filter_seen is not None:
         overrides["filter_seen"] = args.filter_seen
-    if args.export_ranks and Path(args.export_ranks).suffix.lower() not in (".csv", ".parquet"):
-        raise ConfigError(f"--export-ranks: use a .csv or .parquet file, got {args.export_ranks}")
     if args.export_ranks:
+        check_rank_export(args.export_ranks)  # a .csv or .parquet, not over someone's data
         _check_output("--export-ranks", args.export_ranks)
     result, run = evaluate_run(
         args.run_dir,
@@ -348,6 +347,8 @@ def _recommend_batch(
 def cmd_demo(args: argparse.Namespace) -> int:
     from seqrec.demo import run_demo
 
+    if args.epochs is not None:
+        _at_least_one(epochs=args.epochs)
     _check_output("--out", args.out, folder=True)
     demo = run_demo(Path(args.out), data_dir=args.data_dir, epochs=args.epochs)
     print(f"dataset: {demo.dataset} — {demo.why}")
@@ -400,18 +401,20 @@ def _at_least_one(**values: int) -> None:
 
 def cmd_analyze_residual(args: argparse.Namespace) -> int:
     from seqrec.analysis import ResidualOptions, analyzable, run_residual, write_residual_report
-    from seqrec.analysis.report import residual_summary_lines
+    from seqrec.analysis.report import check_alphas, check_epsilons, residual_summary_lines
     from seqrec.training.checkpoint import load_run
     from seqrec.training.loop import resolve_device
     from seqrec.training.run import data_for_run
 
     _check_output("--out", args.out, folder=True)
     shuffle_seeds = _seeds("--shuffle-seeds", args.shuffle_seeds)
+    alphas = check_alphas(_floats(args.alphas), "--alphas")
+    epsilons = check_epsilons(_floats(args.epsilons), "--epsilons")
     run = load_run(args.run_dir)
     analyzable(run.model)  # refuse a model the diagnostics cannot run on, before any work
     options = ResidualOptions(
-        alphas=_floats(args.alphas),
-        epsilons=_floats(args.epsilons),
+        alphas=alphas,
+        epsilons=epsilons,
         shuffle_seeds=shuffle_seeds,
         k=args.k,
         filter_seen=args.filter_seen,
@@ -433,6 +436,7 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     from seqrec.analysis import analyzable
     from seqrec.analysis.attention import (
         AttentionRun,
+        check_movies_file,
         find_movies_file,
         run_labels,
         write_attention_report,
@@ -444,6 +448,8 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
 
     _check_output("--out", args.out, folder=True)
     _at_least_one(recent=args.recent, per_genre=args.per_genre)
+    if args.movies is not None:
+        check_movies_file(args.movies)  # a bad --movies fails before any run loads
     device = resolve_device(args.device)
     runs = []
     for run_dir, label in zip(args.run_dirs, run_labels(args.run_dirs), strict=True):

@@ -12,7 +12,8 @@ import ast
 import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -48,6 +49,54 @@ def _check_seed(key: str, seed: int) -> None:
         raise ConfigError(f"{key} must be in [0, 2**64), got {seed}")
 
 
+_COMPARE: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    ">": operator.gt,
+    "<=": operator.le,
+    "<": operator.lt,
+}
+
+
+def _within(value: float, bounds: list[tuple[str, float]]) -> bool:
+    return math.isfinite(value) and all(_COMPARE[op](value, bound) for op, bound in bounds)
+
+
+def check_float(
+    key: str,
+    value: float | None,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    nullable: bool = False,
+    null_means: str = "",
+) -> None:
+    """Raise ``ConfigError`` naming ``key`` unless ``value`` is finite and within the bounds
+    given; ``nullable`` also accepts None (``null_means`` says what null stands for).
+
+    NaN fails every comparison, so a bare ``if value <= 0: raise`` lets it (and inf) through
+    to training.
+    """
+    if value is None and nullable:
+        return
+    bounds = [
+        (op, bound)
+        for op, bound in ((">=", at_least), (">", above), ("<=", at_most), ("<", below))
+        if bound is not None
+    ]
+    if value is not None and _within(value, bounds):
+        return
+    if [op[0] for op, _ in bounds] == [">", "<"]:  # a lower and an upper bound: an interval
+        (low_op, low), (high_op, high) = bounds
+        left, right = ("[" if low_op == ">=" else "("), ("]" if high_op == "<=" else ")")
+        wanted = f"in {left}{low:g}, {high:g}{right}"
+    else:
+        wanted = " ".join(["a finite number", *(f"{op} {bound:g}" for op, bound in bounds)])
+    null = f", or null{f' for {null_means}' if null_means else ''}" if nullable else ""
+    raise ConfigError(f"{key} must be {wanted}{null}, got {value}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     dataset: str = "ml-1m"  # a registry name (`seqrec data list`) or "file" with `path`
@@ -76,6 +125,11 @@ class DataConfig:
         if not 0.0 < self.temporal_quantile < 1.0:
             raise ConfigError(
                 f"data.temporal_quantile must be in (0, 1), got {self.temporal_quantile}"
+            )
+        if self.min_rating is not None and not math.isfinite(self.min_rating):
+            raise ConfigError(
+                f"data.min_rating must be a finite number, or null to keep all ratings, "
+                f"got {self.min_rating}"
             )
         if self.max_history is not None and self.max_history < 3:
             raise ConfigError(f"data.max_history must be >= 3 or null, got {self.max_history}")
@@ -121,20 +175,16 @@ class TrainConfig:
     time_budget_minutes: float | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"train.lr must be a finite number > 0, got {self.lr}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ConfigError(
-                f"train.weight_decay must be a finite number >= 0, got {self.weight_decay}"
-            )
+        check_float("train.lr", self.lr, above=0)
+        check_float("train.weight_decay", self.weight_decay, at_least=0)
         if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
             raise ConfigError(
                 f"train.betas must be two values, each in [0, 1), got {list(self.betas)}"
             )
         if self.batch_size < 1:
             raise ConfigError(f"train.batch_size must be >= 1, got {self.batch_size}")
-        if self.max_epochs < 0:
-            raise ConfigError(f"train.max_epochs must be >= 0, got {self.max_epochs}")
+        if self.max_epochs < 1:
+            raise ConfigError(f"train.max_epochs must be >= 1, got {self.max_epochs}")
         if self.patience < 1:
             raise ConfigError(f"train.patience must be >= 1, got {self.patience}")
         if not 1 <= self.batch_parts <= self.batch_size:
@@ -144,16 +194,16 @@ class TrainConfig:
             )
         if self.eval_every < 1:
             raise ConfigError(f"train.eval_every must be >= 1, got {self.eval_every}")
-        # `not x > 0` rather than `x <= 0`: NaN fails every comparison and must not pass.
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ConfigError(
-                f"train.grad_clip must be > 0, or null for no clipping, got {self.grad_clip}"
-            )
-        if self.time_budget_minutes is not None and not self.time_budget_minutes > 0:
-            raise ConfigError(
-                "train.time_budget_minutes must be > 0, or null for no limit, "
-                f"got {self.time_budget_minutes}"
-            )
+        check_float(
+            "train.grad_clip", self.grad_clip, above=0, nullable=True, null_means="no clipping"
+        )
+        check_float(
+            "train.time_budget_minutes",
+            self.time_budget_minutes,
+            above=0,
+            nullable=True,
+            null_means="no limit",
+        )
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(
                 f"train.num_threads must be >= 1, or null for all cores, got {self.num_threads}"
@@ -222,15 +272,21 @@ class TokenizerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.num_levels < 1 or self.codebook_size < 2:
-            raise ConfigError("tokenizer.num_levels must be >= 1 and codebook_size >= 2")
+        if self.num_levels < 1:
+            raise ConfigError(f"tokenizer.num_levels must be >= 1, got {self.num_levels}")
+        if self.codebook_size < 2:
+            raise ConfigError(f"tokenizer.codebook_size must be >= 2, got {self.codebook_size}")
         if self.embeddings == "collaborative" and self.collaborative_run is None:
             raise ConfigError(
                 "tokenizer.embeddings: collaborative needs tokenizer.collaborative_run "
                 "(a trained run directory, e.g. a sasrec run on the same data)"
             )
-        if self.latent_dim < 1 or self.rqvae_epochs < 0 or self.rqvae_lr <= 0:
-            raise ConfigError("tokenizer.latent_dim, rqvae_epochs and rqvae_lr must be positive")
+        if self.latent_dim < 1:
+            raise ConfigError(f"tokenizer.latent_dim must be >= 1, got {self.latent_dim}")
+        if self.rqvae_epochs < 0:
+            raise ConfigError(f"tokenizer.rqvae_epochs must be >= 0, got {self.rqvae_epochs}")
+        check_float("tokenizer.rqvae_lr", self.rqvae_lr, above=0)
+        check_float("tokenizer.commitment", self.commitment, at_least=0)
         _check_seed("tokenizer.seed", self.seed)
 
 

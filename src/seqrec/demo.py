@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqrec.config import EvalConfig, ExperimentConfig, experiment_from_raw
+from seqrec.config import ConfigError, EvalConfig, ExperimentConfig, experiment_from_raw
 from seqrec.data.datasets import resolve_default_dataset
 from seqrec.evaluation import EvalResult, evaluate_model
 from seqrec.training.run import TrainOutcome, train_experiment
@@ -88,6 +88,9 @@ def run_dir(out: Path, label: str, config: ExperimentConfig) -> Path:
 def run_demo(
     out: Path, *, data_dir: str | Path | None = None, epochs: int | None = None
 ) -> DemoResult:
+    """``epochs`` (``seqrec demo --epochs``) replaces the schedule's ``train.max_epochs``."""
+    if epochs is not None and epochs < 1:  # before ML-1M is looked for (maybe downloaded)
+        raise ConfigError(f"--epochs must be >= 1, got {epochs}")
     dataset, why = resolve_default_dataset(data_dir)
     logger.info("demo dataset: %s — %s", dataset, why)
     config = demo_config(dataset, epochs)

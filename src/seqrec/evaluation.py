@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import PAD_ID
-from seqrec.config import EvalConfig, SplitChoice
+from seqrec.config import ConfigError, EvalConfig, SplitChoice
 from seqrec.data.batches import left_padded
 from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, PreparedData, Sequences
-from seqrec.io import atomic_path
+from seqrec.io import atomic_path, written_in_place
 from seqrec.metrics import all_metrics, mean_and_ci, rank_in_topk, rank_of_target
 from seqrec.models.base import ScoringRecommender, SequentialRecommender
 
@@ -51,14 +51,37 @@ class EvalResult:
         return row
 
 
-def describe_protocol(config: EvalConfig, num_items: int) -> str:
+def describe_protocol(config: EvalConfig, num_items: int, short_users: int = 0) -> str:
+    """``short_users``: users of the sampled protocol with fewer unseen items than
+    ``num_negatives``, ranked against all of theirs (see ``NegativeSampler.sample``)."""
     if config.protocol == "full":
         seen = "filter-seen" if config.filter_seen else "seen items kept"
         return f"full ranking over all {num_items} items, {seen}, ties count against the model"
+    short = (
+        f"; {short_users} users had fewer unseen items and were ranked against all of them"
+        if short_users
+        else ""
+    )
     return (
         f"sampled: target + {config.num_negatives} {config.negative_sampling}-sampled items the "
-        "user never interacted with (not comparable with full ranking), "
+        f"user never interacted with{short} (not comparable with full ranking), "
         "ties count against the model"
+    )
+
+
+def check_num_negatives(config: EvalConfig, num_items: int) -> None:
+    """Refuse a sampled protocol the catalogue cannot hold: a user has interacted with at least
+    the target, so at most ``num_items - 1`` items are left to draw negatives from."""
+    if config.protocol != "sampled" or config.num_negatives <= num_items - 1:
+        return
+    if num_items < 2:
+        raise ConfigError(
+            f"eval.num_negatives={config.num_negatives}: the catalogue has {num_items} item, "
+            "none left to sample besides the target; use eval.protocol: full"
+        )
+    raise ConfigError(
+        f"eval.num_negatives={config.num_negatives} is more than the catalogue of {num_items} "
+        f"items holds besides the target; the largest value that works is {num_items - 1}"
     )
 
 
@@ -78,7 +101,8 @@ class NegativeSampler:
         self._generator = torch.Generator().manual_seed(seed)
 
     def sample(self, users: npt.NDArray[np.int64], k: int) -> Tensor:
-        """(U,) user rows -> (U, k) item ids (PAD_ID where a user has fewer unseen items)."""
+        """(U,) user rows -> (U, k) item ids (PAD_ID where a user has fewer unseen items: a
+        heavy user gets every unseen item once, never a repeat; ``k`` <= N - 1)."""
         seen = self._all.take(users)
         keys = torch.rand(
             len(users), self._num_items + 1, generator=self._generator, dtype=torch.float64
@@ -192,9 +216,11 @@ def evaluate_variants(
     inference depth of a reasoning model, sharing the encoder's work: one result per score
     matrix ``variants`` returns, each ranked against the same sampled negatives.
     ``variants`` None ranks a generative model inside its top max(ks)."""
+    check_num_negatives(config, num_items)
     model.eval()
     max_len = model.config.max_seq_len
     sampler = None
+    short_users = 0
     if config.protocol == "sampled":
         if variants is None:
             raise ValueError(
@@ -222,6 +248,7 @@ def evaluate_variants(
             candidates = None
             if sampler is not None:
                 candidates = sampler.sample(eval_set.users[chunk], config.num_negatives)
+                short_users += int((candidates == PAD_ID).any(dim=1).sum())
             chunk_ranks = [
                 _ranks_from_scores(scores, targets, history, candidates, config)
                 for scores in variants(input_ids, users)
@@ -236,7 +263,7 @@ def evaluate_variants(
         for variant_ranks, chunk_rank in zip(ranks, chunk_ranks, strict=True):
             variant_ranks[chunk] = chunk_rank.numpy()
     return [
-        _result(variant_ranks, eval_set, config, num_items, split)
+        _result(variant_ranks, eval_set, config, num_items, split, short_users)
         for variant_ranks in ranks or [np.zeros(0, dtype=np.int64)]
     ]
 
@@ -247,13 +274,14 @@ def _result(
     config: EvalConfig,
     num_items: int,
     split: str,
+    short_users: int = 0,
 ) -> EvalResult:
     per_user = all_metrics(torch.from_numpy(ranks), config.ks)
     means = {name: mean_and_ci(values) for name, values in per_user.items()}
     return EvalResult(
         metrics={name: m for name, (m, _) in means.items()},
         ci95={name: ci for name, (_, ci) in means.items()},
-        protocol=describe_protocol(config, num_items),
+        protocol=describe_protocol(config, num_items, short_users),
         split=split,
         num_users=len(eval_set),
         ranks=ranks + 1,
@@ -300,9 +328,44 @@ def evaluate_model_variants(
     )
 
 
-def export_ranks(result: EvalResult, id_map: IdMap, path: str | Path) -> None:
-    """One row per evaluated user: ``user_id``, ``target`` (original ids), 1-based ``rank``."""
+RANK_COLUMNS = ("user_id", "target", "rank")
+_CSV_HEADER = ",".join(RANK_COLUMNS).encode()
+
+
+def is_rank_file(path: Path) -> bool:
+    """Whether the existing file ``path`` is a rank file ``export_ranks`` wrote: exactly its CSV
+    header line, or exactly its parquet columns. Only the header line or the schema is read."""
+    with path.open("rb") as handle:  # unreadable: the OSError says so, rather than a guess
+        if path.suffix.lower() != ".parquet":
+            line = handle.readline(len(_CSV_HEADER) + 2)
+            return line in (_CSV_HEADER + b"\n", _CSV_HEADER + b"\r\n", _CSV_HEADER)
+    try:
+        return tuple(pl.read_parquet_schema(path)) == RANK_COLUMNS
+    except (pl.exceptions.PolarsError, OSError):  # not parquet at all
+        return False
+
+
+def check_rank_export(path: str | Path) -> None:
+    """Refuse a path ``export_ranks`` must not write: another suffix than .csv or .parquet, or
+    an existing file it did not write (someone's data, the run's own files). A FIFO or
+    ``/dev/stdout`` is written in place and is not read."""
     path = Path(path)
+    if path.suffix.lower() not in (".csv", ".parquet"):
+        raise ValueError(f"--export-ranks: use a .csv or .parquet file name, got {path.name}")
+    if path.is_file() and not written_in_place(path) and not is_rank_file(path):
+        raise ValueError(
+            f"--export-ranks: {path} exists and is not a rank file written by seqrec evaluate; "
+            "remove it or choose another path"
+        )
+
+
+def export_ranks(result: EvalResult, id_map: IdMap, path: str | Path) -> None:
+    """One row per evaluated user: ``user_id``, ``target`` (original ids), 1-based ``rank``.
+
+    An existing file is only replaced when it is an earlier rank export (``check_rank_export``).
+    """
+    path = Path(path)
+    check_rank_export(path)
     frame = pl.DataFrame(
         {
             "user_id": [id_map.users[u] for u in result.users],
@@ -310,11 +373,8 @@ def export_ranks(result: EvalResult, id_map: IdMap, path: str | Path) -> None:
             "rank": result.ranks,
         }
     )
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".parquet"):
-        raise ValueError(f"--export-ranks: use a .csv or .parquet file name, got {path.name}")
     with atomic_path(path) as tmp:
-        if suffix == ".csv":
+        if path.suffix.lower() == ".csv":
             frame.write_csv(tmp)
         else:
             frame.write_parquet(tmp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,20 @@ def test_find_movies_file_explains_what_is_missing(tmp_path: Path) -> None:
     assert "for ML-1M" in note
     with pytest.raises(ValueError, match="MovieID::Title::Genres"):
         read_movie_genres(_empty(tmp_path))
+
+
+def test_an_explicit_movies_file_must_be_a_movies_dat(tmp_path: Path) -> None:
+    """Only the search beside the data may find nothing; a named file is used or refused."""
+    good = tmp_path / "movies.dat"
+    good.write_text("1::X (1)::Horror\n")
+    assert find_movies_file("amazon-beauty", "", [], good) == (good, f"genres from {good}")
+    for path, message in [
+        (tmp_path / "nope.dat", "does not exist"),
+        (tmp_path, "is a directory"),
+        (_empty(tmp_path), "is not a MovieLens movies.dat"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"--movies {path} {message}")):
+            find_movies_file("ml-1m", "", [tmp_path], path)
 
 
 def _empty(tmp_path: Path) -> Path:

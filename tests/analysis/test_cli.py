@@ -185,6 +185,50 @@ def test_bad_counts_and_seeds_are_refused_before_any_work(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--alphas", "0,1.5,1"], "--alphas: residual scales must be numbers in [0, 1], got 1.5"),
+        (["--alphas=-0.1,1"], "--alphas: residual scales must be numbers in [0, 1], got -0.1"),
+        (["--alphas", "nan,1"], "--alphas: residual scales must be numbers in [0, 1], got nan"),
+        (["--alphas", "0,1,inf"], "--alphas: residual scales must be numbers in [0, 1], got inf"),
+        (["--alphas", ""], "--alphas must include 1.0"),
+        (["--alphas", "0.5,1,0.5"], "--alphas: each residual scale once, got 0.5 more than once"),
+        (["--epsilons", "0.1,nan"], "--epsilons: relative HR tolerances must be finite"),
+        (["--epsilons", ""], "--epsilons: expected one or more relative HR tolerances"),
+    ],
+)
+def test_bad_alphas_and_epsilons_are_refused_before_any_work(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["analyze", "residual", str(tmp_path / "no-run"), "--out", str(out), *flags]
+    assert main(argv) == 2
+    assert message in one_error_line(capsys.readouterr().err)  # before the missing run is read
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("movies", "message"),
+    [
+        ("missing.dat", "does not exist"),
+        (".", "is a directory, not a movies.dat file"),
+        ("ratings.dat", "is not a MovieLens movies.dat"),
+    ],
+)
+def test_a_bad_movies_file_is_refused_before_any_work(
+    movies: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ratings.dat").write_text("1::1193::5::978300760\n1::661::3::978302109\n")
+    out = tmp_path / "out"
+    path = tmp_path / movies
+    argv = ["analyze", "attention", str(tmp_path / "no-run"), "--out", str(out)]
+    assert main([*argv, "--movies", str(path)]) == 2
+    line = one_error_line(capsys.readouterr().err)  # before the missing run is read
+    assert f"--movies {path} {message}" in line
+    assert not out.exists()
+
+
 # The diagnostics are functions of a model and prepared data; loading a run directory is the
 # CLI's job (seqrec.analysis.depth, a run-level command, is outside this rule).
 DIAGNOSTICS = ["hooks", "decomposition", "residual", "attention", "report", "tables", "figures"]

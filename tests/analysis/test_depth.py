@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqrec.analysis.depth import analyze_depth, depth_summary_lines
+from seqrec.analysis.depth import _DepthSweep, analyze_depth, depth_summary_lines
 from seqrec.config import ConfigError, experiment_from_raw
+from seqrec.models import build_model, build_model_config
 from seqrec.training.checkpoint import WEIGHTS, load_torch
 from seqrec.training.run import evaluate_run, train_experiment
 from tests.cli.helpers import tiny_raw, train_isolated
@@ -96,6 +97,13 @@ def test_analyze_depth_writes_the_curve(runs: tuple[Path, Path], tmp_path: Path)
     assert (tmp_path / "depth" / "depth.png").stat().st_size > 0
     assert "best N =" in report.read_text()
     assert depth_summary_lines(rows)[0].startswith("best N =")
+
+
+def test_one_interest_has_no_interest_cosine_column() -> None:
+    config = build_model_config({**MODEL, **STAGE_2, "num_interests": 1}, num_items=30)
+    sweep = _DepthSweep(build_model(config), max_depth=2)
+    list(sweep(torch.tensor([[0, 3, 4, 5]]), torch.tensor([1])))
+    assert sweep.mean_cosines() is None  # no pair of interests: not a cosine of 0
 
 
 def test_analyze_depth_refuses_models_without_a_depth(

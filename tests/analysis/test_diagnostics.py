@@ -4,6 +4,7 @@ alpha selection, and the split note."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from seqrec.analysis.report import split_note
+from seqrec.analysis.report import ResidualOptions, split_note
 from seqrec.analysis.residual import (
     filter_seen_policy,
     last_item_hits,
@@ -162,6 +163,34 @@ def test_select_alpha_needs_the_reference_and_a_relative_tolerance() -> None:
         select_alpha([0.0, 0.5], [0.1, 0.2], [0.1, 0.0], 0.1)
     with pytest.raises(ValueError, match="relative tolerance"):
         select_alpha([0.0, 1.0], [0.1, 0.2], [0.1, 0.0], -0.1)
+    with pytest.raises(ValueError, match="relative tolerance, finite and >= 0, got nan"):
+        select_alpha([0.0, 1.0], [0.1, 0.2], [0.1, 0.0], float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("alphas", "message"),
+    [
+        ((0.0, 1.0, 1.5), "alphas: residual scales must be numbers in [0, 1], got 1.5"),
+        ((-0.5, 1.0), "alphas: residual scales must be numbers in [0, 1], got -0.5"),
+        ((float("nan"), 1.0), "alphas: residual scales must be numbers in [0, 1], got nan"),
+        ((float("-inf"), 1.0), "alphas: residual scales must be numbers in [0, 1], got -inf"),
+        ((), "alphas must include 1.0"),
+        ((0.0, -0.0, 1.0), "alphas: each residual scale once, got 0.0 more than once"),
+    ],
+)
+def test_residual_options_refuse_alphas_outside_the_sweep(
+    alphas: tuple[float, ...], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ResidualOptions(alphas=alphas)
+
+
+@pytest.mark.parametrize("epsilons", [(), (float("nan"),), (0.1, float("inf")), (-0.1,)])
+def test_residual_options_refuse_epsilons_that_are_not_tolerances(
+    epsilons: tuple[float, ...],
+) -> None:
+    with pytest.raises(ValueError, match="epsilons: "):
+        ResidualOptions(epsilons=epsilons)
 
 
 def test_filter_seen_policy_follows_the_paper() -> None:

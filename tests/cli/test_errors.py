@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from seqrec.cli import main
@@ -159,6 +161,40 @@ def test_bad_monitor_leaves_no_partial_run_directory(
     assert not (tmp_path / "run").exists()
 
 
+def test_more_sampled_negatives_than_items_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tiny_raw(eval={"protocol": "sampled", "num_negatives": 5000})
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
+    match = re.fullmatch(
+        r"error: eval\.num_negatives=5000 is more than the catalogue of (\d+) items holds "
+        r"besides the target; the largest value that works is (\d+)",
+        line,
+    )
+    assert match, line
+    assert int(match[2]) == int(match[1]) - 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_refuses_more_sampled_negatives_than_items_before_reading_data(
+    run_copy: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the data was read before the protocol was checked")
+
+    monkeypatch.setattr("seqrec.training.run.data_for_run", no_data)
+    config = json.loads((run_copy / "config.json").read_text())
+    config["eval"]["num_negatives"] = 100_000  # fine under the full protocol it trained with
+    (run_copy / "config.json").write_text(json.dumps(config))
+    num_items = config["model"]["num_items"]
+    line = error_of(capsys, "evaluate", run_copy, "--protocol", "sampled")
+    assert line == (
+        f"error: eval.num_negatives=100000 is more than the catalogue of {num_items} items "
+        f"holds besides the target; the largest value that works is {num_items - 1}"
+    )
+
+
 @pytest.mark.parametrize(
     ("model", "pattern"),
     [
@@ -234,7 +270,7 @@ def truncate(path: Path, keep: float) -> None:
         ),
         pytest.param(
             lambda run: truncate(run / "id_map.json", 0.5),
-            r"cannot read id map .*id_map\.json",
+            r"id_map\.json is corrupt \(invalid JSON: .*\): re-train or restore it$",
             id="idmap-truncated",
         ),
     ],
@@ -250,6 +286,81 @@ def test_damaged_run_directory(
     extra = ["--history", "i1", "i2"] if command == "recommend" else []
     line = error_of(capsys, command, run_copy, *extra)
     assert re.search(pattern, line), line
+
+
+def set_id_map(run: Path, content: object) -> None:
+    (run / "id_map.json").write_text(json.dumps(content))
+
+
+@pytest.mark.parametrize(
+    ("damage", "detail"),
+    [
+        pytest.param(lambda run: truncate(run / "id_map.json", 0.5), "invalid JSON: ", id="cut"),
+        pytest.param(
+            lambda run: (run / "id_map.json").write_bytes(b'{"users": ["\xff"], "items": []}'),
+            "not UTF-8: invalid start byte at byte 12",
+            id="not-utf8",
+        ),
+        pytest.param(
+            lambda run: set_id_map(run, ["u1", "i1"]),
+            'not an object with "users" and "items"',
+            id="a-list",
+        ),
+        pytest.param(
+            lambda run: set_id_map(run, {"users": "u1u2", "items": ["i1"]}),
+            '"users" is a str, not a list',
+            id="users-a-string",
+        ),
+        pytest.param(
+            lambda run: set_id_map(run, {"users": ["u1"], "items": ["i1", None]}),
+            '"items" holds null, not an id',
+            id="null-item",
+        ),
+        pytest.param(
+            lambda run: set_id_map(
+                run, {**json.loads((run / "id_map.json").read_text()), "items": ["i1", "i2"]}
+            ),
+            "2 items, the model in config.json has ",
+            id="item-count",
+        ),
+        pytest.param(
+            lambda run: set_id_map(
+                run, {**json.loads((run / "id_map.json").read_text()), "users": ["u1"]}
+            ),
+            "1 users, the model in config.json has ",
+            id="user-count",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["evaluate", "recommend", "serve"])
+def test_corrupt_id_map_names_the_file_for_every_command(
+    run_copy: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    damage: object,
+    detail: str,
+) -> None:
+    damage(run_copy)  # type: ignore[operator]
+    path = run_copy / "id_map.json"
+    if command == "serve":  # serve loads through the Predictor before it binds a port
+        from seqrec.serving.predictor import Predictor
+        from seqrec.training.checkpoint import RunDirError
+
+        with pytest.raises(RunDirError) as caught:
+            Predictor.from_run_dir(run_copy)
+        line = f"error: {caught.value}"
+    else:
+        extra = ["--history", "i1", "i2"] if command == "recommend" else []
+        line = error_of(capsys, command, run_copy, *extra)
+    assert line.startswith(f"error: {path} is corrupt ("), line
+    assert detail in line
+    assert line.endswith("): re-train or restore it")
+
+
+def test_missing_id_map_says_so(run_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (run_copy / "id_map.json").unlink()
+    line = error_of(capsys, "evaluate", run_copy)
+    assert line == f"error: {run_copy / 'id_map.json'} is missing: re-train or restore it"
 
 
 def test_model_weights_of_another_shape_are_one_line(
@@ -272,6 +383,77 @@ def test_export_ranks_refuses_other_suffixes(
     line = error_of(capsys, "evaluate", file_run, "--export-ranks", target)
     assert "--export-ranks: use a .csv or .parquet file" in line
     assert list(tmp_path.iterdir()) == []
+
+
+def write_other_parquet(path: Path) -> None:
+    pl.DataFrame({"user_id": ["u1"], "item_id": ["i1"]}).write_parquet(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("data.csv", lambda path: path.write_text("user_id,item_id,timestamp\nu1,i1,1\n")),
+        ("ranks.csv", lambda path: path.write_text("user_id,target,rank,note\nu1,i1,1,x\n")),
+        ("empty.csv", lambda path: path.write_bytes(b"")),
+        ("data.parquet", write_other_parquet),
+        ("text.parquet", lambda path: path.write_text("user_id,target,rank\n")),
+    ],
+    ids=["data-csv", "extra-column", "empty", "other-parquet", "not-parquet"],
+)
+def test_export_ranks_refuses_an_unrelated_file_before_evaluating(
+    file_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    make: object,
+) -> None:
+    def no_evaluation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run was evaluated before the output was checked")
+
+    monkeypatch.setattr("seqrec.training.run.evaluate_run", no_evaluation)
+    target = tmp_path / name
+    make(target)  # type: ignore[operator]
+    before = target.read_bytes()
+    line = error_of(capsys, "evaluate", file_run, "--export-ranks", target)
+    assert line == (
+        f"error: --export-ranks: {target} exists and is not a rank file written by seqrec "
+        "evaluate; remove it or choose another path"
+    )
+    assert target.read_bytes() == before
+
+
+def test_export_ranks_refuses_the_dataset_and_the_run_files(
+    file_run: Path,
+    log_csv: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_evaluation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run was evaluated before the output was checked")
+
+    monkeypatch.setattr("seqrec.training.run.evaluate_run", no_evaluation)  # the log is shared
+    before = {path: path.read_bytes() for path in (log_csv, file_run / "results.json")}
+    line = error_of(capsys, "evaluate", file_run, "--export-ranks", log_csv)
+    assert f"--export-ranks: {log_csv} exists and is not a rank file" in line
+    line = error_of(capsys, "evaluate", file_run, "--export-ranks", file_run / "results.json")
+    assert "--export-ranks: use a .csv or .parquet file" in line
+    assert {path: path.read_bytes() for path in before} == before
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_export_ranks_replaces_an_earlier_export(
+    file_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], suffix: str
+) -> None:
+    target = tmp_path / f"ranks{suffix}"
+    assert main(["evaluate", str(file_run), "--export-ranks", str(target)]) == 0
+    first = pl.read_csv(target) if suffix == ".csv" else pl.read_parquet(target)
+    argv = ["evaluate", str(file_run), "--split", "valid", "--export-ranks", str(target)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    again = pl.read_csv(target) if suffix == ".csv" else pl.read_parquet(target)
+    assert again.columns == first.columns == ["user_id", "target", "rank"]
+    assert not again.equals(first)  # the valid split's targets replaced the test split's
 
 
 @pytest.mark.parametrize(
@@ -329,6 +511,35 @@ def test_out_that_is_a_file_is_refused_and_kept(
     line = error_of(capsys, *argv, "--out", precious)
     assert line == f"error: --out {precious}: is a file, not a directory"
     assert precious.read_text() == "a,b\n1,2\n"
+
+
+@pytest.mark.parametrize("epochs", ["-1", "0"])
+def test_demo_epochs_below_one_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, epochs: str
+) -> None:
+    def no_dataset(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the demo looked for its dataset before checking --epochs")
+
+    monkeypatch.setattr("seqrec.demo.resolve_default_dataset", no_dataset)
+    out = tmp_path / "demo"
+    line = error_of(capsys, "demo", "--out", out, "--epochs", epochs)
+    assert line == f"error: --epochs must be >= 1, got {epochs}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_demo_refuses_epochs_below_one_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqrec.config import ConfigError
+    from seqrec.demo import run_demo
+
+    def no_dataset(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the demo looked for its dataset before checking epochs")
+
+    monkeypatch.setattr("seqrec.demo.resolve_default_dataset", no_dataset)
+    with pytest.raises(ConfigError, match=r"^--epochs must be >= 1, got -1$"):
+        run_demo(tmp_path / "demo", epochs=-1)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_export_ranks_location_is_checked_before_evaluating(

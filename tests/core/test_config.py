@@ -160,12 +160,16 @@ BAD_TRAIN = [
     ("betas", [0.9, -0.1], "two values, each in [0, 1)"),
     ("betas", [0.9, float("nan")], "two values, each in [0, 1)"),
     ("batch_size", 0, ">= 1"),
-    ("max_epochs", -1, ">= 0"),
+    ("max_epochs", 0, ">= 1"),  # 0 would save the untrained initial weights as a result
+    ("max_epochs", -1, ">= 1"),
     ("patience", 0, ">= 1"),
     ("grad_clip", 0.0, "> 0, or null for no clipping"),
     ("grad_clip", -1.0, "> 0, or null for no clipping"),
     ("grad_clip", float("nan"), "> 0, or null for no clipping"),
+    ("grad_clip", float("inf"), "> 0, or null for no clipping"),
+    ("time_budget_minutes", 0.0, "> 0, or null for no limit"),
     ("time_budget_minutes", float("nan"), "> 0, or null for no limit"),
+    ("time_budget_minutes", float("inf"), "> 0, or null for no limit"),
     ("num_threads", 0, ">= 1, or null for all cores"),
     ("num_threads", -1, ">= 1, or null for all cores"),
     ("seed", -1, "in [0, 2**64)"),
@@ -189,13 +193,54 @@ def test_train_value_out_of_range_is_named(key: str, value: object, allowed: str
         (EvalConfig, "eval", "seed", -1),
         (DataConfig, "data", "synthetic_seed", -1),
         (TokenizerConfig, "tokenizer", "seed", 2**64),
+        (TokenizerConfig, "tokenizer", "num_levels", 0),
+        (TokenizerConfig, "tokenizer", "codebook_size", 1),
+        (TokenizerConfig, "tokenizer", "latent_dim", 0),
+        (TokenizerConfig, "tokenizer", "rqvae_epochs", -1),
+        (TokenizerConfig, "tokenizer", "rqvae_lr", 0.0),
+        (TokenizerConfig, "tokenizer", "rqvae_lr", -0.005),
+        (TokenizerConfig, "tokenizer", "commitment", -0.25),
     ],
 )
 def test_other_value_out_of_range_is_named(
-    cls: type[Any], section: str, key: str, value: int
+    cls: type[Any], section: str, key: str, value: float
 ) -> None:
-    with pytest.raises(ConfigError, match=re.escape(f"{section}.{key} must be")):
+    with pytest.raises(ConfigError, match=re.escape(f"{section}.{key} must be") + ".*got"):
         from_dict(cls, {key: value}, section)
+
+
+# Every float key of every section, with the range its message states. A comparison with NaN
+# is always False, so a check written as `value <= 0` lets NaN through.
+FLOAT_KEYS = [
+    (DataConfig, "data", "temporal_quantile", "in (0, 1)"),
+    (DataConfig, "data", "min_rating", "a finite number, or null to keep all ratings"),
+    (TrainConfig, "train", "lr", "a finite number > 0"),
+    (TrainConfig, "train", "weight_decay", "a finite number >= 0"),
+    (TrainConfig, "train", "grad_clip", "a finite number > 0, or null for no clipping"),
+    (TrainConfig, "train", "time_budget_minutes", "a finite number > 0, or null for no limit"),
+    (TokenizerConfig, "tokenizer", "rqvae_lr", "a finite number > 0"),
+    (TokenizerConfig, "tokenizer", "commitment", "a finite number >= 0"),
+]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize(("cls", "section", "key", "allowed"), FLOAT_KEYS)
+def test_float_that_is_not_finite_is_named_with_its_value(
+    cls: type[Any], section: str, key: str, allowed: str, value: float
+) -> None:
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{section}.{key} must be {allowed}, got {value}")
+    ):
+        from_dict(cls, {key: value}, section)
+
+
+def test_yaml_nan_learning_rate_of_the_tokenizer_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("tokenizer: {rqvae_lr: .nan}\n")  # YAML's NaN is a float, not a string
+    with pytest.raises(
+        ConfigError, match=r"tokenizer\.rqvae_lr must be a finite number > 0, got nan"
+    ):
+        experiment_from_raw(load_raw(path))
 
 
 def test_edge_values_in_range_are_accepted() -> None:
@@ -207,6 +252,10 @@ def test_edge_values_in_range_are_accepted() -> None:
     assert train.betas == (0.0, 0.999)
     assert from_dict(TrainConfig, {"seed": 2**64 - 1, "grad_clip": None}, "train").grad_clip is None
     assert from_dict(EvalConfig, {"seed": 0, "batch_size": None}, "eval").batch_size is None
+    assert from_dict(TrainConfig, {"max_epochs": 1}, "train").max_epochs == 1
+    tokenizer = from_dict(TokenizerConfig, {"commitment": 0, "rqvae_epochs": 0}, "tokenizer")
+    assert (tokenizer.commitment, tokenizer.rqvae_epochs) == (0.0, 0)
+    assert from_dict(DataConfig, {"min_rating": -1}, "data").min_rating == -1.0
 
 
 def test_config_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -22,6 +23,7 @@ from seqrec.evaluation import (
     evaluate,
     evaluate_variants,
     export_ranks,
+    is_rank_file,
 )
 from seqrec.models.base import ModelConfig, ScoringRecommender
 
@@ -173,3 +175,77 @@ def test_score_variants_in_one_pass_equal_separate_evaluations(config: EvalConfi
     assert results[0].ranks.tolist() == run(config).tolist()
     assert results[1].ranks.tolist() == run(config, reversed_weights).tolist()
     assert results[0].ranks.tolist() != results[1].ranks.tolist()
+
+
+def test_sampled_protocol_refuses_more_negatives_than_the_catalogue_holds() -> None:
+    # every user interacted with at least its target: N - 1 items are left to sample from
+    with pytest.raises(
+        ConfigError,
+        match=r"^eval\.num_negatives=9 is more than the catalogue of 9 items holds besides the "
+        r"target; the largest value that works is 8$",
+    ):
+        run(EvalConfig(protocol="sampled", num_negatives=N))
+    assert (run(EvalConfig(protocol="sampled", num_negatives=N - 1)) >= 1).all()
+    run(EvalConfig(num_negatives=N))  # the full protocol does not use it
+
+
+def test_sampled_protocol_names_the_users_with_fewer_unseen_items() -> None:
+    model = FixedScores(WEIGHTS)
+    # user 2 has seen 7 of the 9 items: 2 negatives, not 3, and the description says so
+    three = evaluate(
+        model,
+        EVAL_SET,
+        EvalConfig(protocol="sampled", num_negatives=3),
+        all_sequences=ALL,
+        num_items=N,
+    )
+    assert three.protocol.startswith(
+        "sampled: target + 3 uniform-sampled items the user never interacted with; 1 users had "
+        "fewer unseen items and were ranked against all of them (not comparable"
+    )
+    two = evaluate(
+        model,
+        EVAL_SET,
+        EvalConfig(protocol="sampled", num_negatives=2),
+        all_sequences=ALL,
+        num_items=N,
+    )
+    assert "fewer unseen" not in two.protocol
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_export_ranks_replaces_its_own_export_and_no_other_file(
+    tmp_path: Path, suffix: str
+) -> None:
+    result = evaluate(FixedScores(WEIGHTS), EVAL_SET, EvalConfig(), all_sequences=ALL, num_items=N)
+    id_map = IdMap(users=["u0", "u1", "u2", "u3"], items=[f"i{k}" for k in range(1, N + 1)])
+    path = tmp_path / f"ranks{suffix}"
+    export_ranks(result, id_map, path)
+    assert is_rank_file(path)
+    export_ranks(result, id_map, path)  # an earlier export is replaced
+
+    other = tmp_path / f"data{suffix}"
+    frame = pl.DataFrame({"user_id": ["u1"], "item_id": ["i1"], "timestamp": [1]})
+    frame.write_csv(other) if suffix == ".csv" else frame.write_parquet(other)
+    before = other.read_bytes()
+    assert not is_rank_file(other)
+    with pytest.raises(ValueError, match="exists and is not a rank file written by seqrec"):
+        export_ranks(result, id_map, other)
+    assert other.read_bytes() == before
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_a_rank_file_is_recognised_by_its_exact_csv_header(tmp_path: Path) -> None:
+    cases = {
+        "user_id,target,rank\n": True,
+        "user_id,target,rank\r\nu1,i1,1\r\n": True,
+        "user_id,target,rank": True,
+        "user_id,target,ranking\n": False,
+        "user_id,target\n": False,
+        "rank,target,user_id\n": False,
+        "": False,
+    }
+    for i, (text, expected) in enumerate(cases.items()):
+        path = tmp_path / f"f{i}.csv"
+        path.write_text(text, newline="")
+        assert is_rank_file(path) == expected, text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
+import typing
 
 import pytest
 import torch
@@ -155,3 +157,65 @@ def test_negative_counts_and_empty_widths_are_config_errors(name: str) -> None:
         for value in bad:
             with pytest.raises(ConfigError, match=f"model.{field_name}"):
                 config_class(num_items=NUM_ITEMS, num_users=3, **{field_name: value})
+
+
+def float_fields(name: str) -> list[str]:
+    """The float fields (``float`` or ``float | None``) of a registered model's config."""
+    config_class = MODELS.get(name).config_class
+    hints = typing.get_type_hints(config_class)
+    return [
+        spec.name
+        for spec in dataclasses.fields(config_class)
+        if hints[spec.name] is float or float in typing.get_args(hints[spec.name])
+    ]
+
+
+NON_FINITE_CASES = [
+    pytest.param(name, field_name, value, id=f"{name}-{field_name}-{value}")
+    for name in MODELS.names()
+    for field_name in float_fields(name)
+    for value in (math.nan, math.inf, -math.inf)
+]
+
+
+@pytest.mark.parametrize(("name", "field_name", "value"), NON_FINITE_CASES)
+def test_non_finite_floats_are_config_errors(name: str, field_name: str, value: float) -> None:
+    """NaN fails every comparison, so ``x < 0`` range checks let it (and often inf) through;
+    every float field of every model must name itself when given one."""
+    with pytest.raises(ConfigError, match=rf"model\.{field_name}\b.*\bgot {value}\b"):
+        build_model_config({"name": name, field_name: value}, num_items=NUM_ITEMS, num_users=3)
+
+
+def test_float_fields_are_found() -> None:
+    """Guards the case generation above: an empty list would test nothing."""
+    assert {"sampling_alpha", "gbce_t", "bpr_max_reg", "init_std"} <= set(float_fields("sasrec"))
+    assert float_fields("pop") == []
+    assert len(NON_FINITE_CASES) > 100
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_default_configs_build(name: str) -> None:
+    config = build_model_config({"name": name}, num_items=NUM_ITEMS, num_users=3)
+    assert all(
+        getattr(config, field_name) is None or math.isfinite(getattr(config, field_name))
+        for field_name in float_fields(name)
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [  # the ends of the documented ranges stay valid
+        ("sasrec", {"dropout": 0.0, "init_std": 0.02, "sampling_alpha": 0.0, "bpr_max_reg": 0.0}),
+        ("sasrec", {"gbce_t": 0.0}),
+        ("gsasrec", {"gbce_t": 1.0}),
+        ("bert4rec", {"mask_prob": 1.0, "mask_token_prob": 0.0, "last_item_mask_prob": 1.0}),
+        ("duorec", {"contrastive_weight": 0.0, "temperature": 0.05}),
+        ("fism", {"alpha": 0.0}),
+        ("fism", {"alpha": 1.0}),
+        ("gru4rec", {"elu_param": 0.0, "embedding_dropout": 0.0}),
+        ("rearec", {"kl_weight": 0.0, "temperature": 0.07}),
+        ("recrec", {"idr_weight": 0.0, "compressor_dropout": 0.0}),
+    ],
+)
+def test_boundary_floats_stay_valid(name: str, values: dict[str, float]) -> None:
+    build_model_config({"name": name, **values}, num_items=NUM_ITEMS, num_users=3)

@@ -165,17 +165,37 @@ def genre_attention(
     return means, [c.numpy().astype(np.int64) for c in counts]
 
 
+def check_movies_file(path: str | Path) -> Path:
+    """A movies.dat the user named (``--movies``): an existing file that reads as GroupLens
+    movies.dat, else a ValueError saying what is wrong with it."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--movies {path} is a directory, not a movies.dat file")
+    if not path.exists():
+        raise ValueError(f"--movies {path} does not exist")
+    try:
+        read_movie_genres(path)
+    except OSError as err:
+        raise ValueError(f"--movies {path} cannot be read: {err.strerror}") from None
+    except ValueError:
+        raise ValueError(
+            f"--movies {path} is not a MovieLens movies.dat "
+            "(no 'MovieID::Title::Genre|Genre' lines)"
+        ) from None
+    return path
+
+
 def find_movies_file(
     dataset: str, source: str, data_dirs: Sequence[str | Path | None], explicit: str | Path | None
 ) -> tuple[Path | None, str]:
-    """Where movies.dat is for a run, and a message saying where it was looked for."""
+    """Where movies.dat is for a run, and a message saying where it was looked for.
+
+    A file given explicitly must be a movies.dat (``check_movies_file``); only the search
+    beside the data may come back empty-handed.
+    """
     if explicit is not None:
-        path = Path(explicit)
-        return (
-            (path, f"genres from {path}")
-            if path.is_file()
-            else (None, f"--movies {path} does not exist")
-        )
+        path = check_movies_file(explicit)
+        return path, f"genres from {path}"
     if dataset != "ml-1m":
         return (
             None,

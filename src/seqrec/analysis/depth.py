@@ -86,7 +86,8 @@ class _DepthSweep:
         return model.scores_at_depths(input_ids, self.max_depth)
 
     def mean_cosines(self) -> list[float] | None:
-        if not isinstance(self.model, RecRec):
+        """None where there is no pair of interests to compare (not RecRec, or R = 1)."""
+        if not isinstance(self.model, RecRec) or self.model.config.num_interests < 2:
             return None
         return [total / max(self.users, 1) for total in self.cosine_sums]
 

@@ -11,7 +11,8 @@ that leave-one-out was used instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,9 +118,40 @@ PAPER_TABLE4: dict[str, tuple[float, float, float, float]] = {
 }
 
 
+def check_alphas(alphas: Sequence[float], name: str = "alphas") -> tuple[float, ...]:
+    """The residual scales of a sweep, or a ValueError naming ``name`` and the bad values.
+
+    The spec sweeps alpha over [0, 1]; the report's "alpha 1 -> 0" lines, q(alpha) and the
+    validation-selected alpha assume it. 1.0, the trained model, is the reference. A repeat
+    would be evaluated twice and reported once.
+    """
+    outside = [a for a in alphas if not 0.0 <= a <= 1.0]  # NaN fails every comparison
+    if outside:
+        shown = ", ".join(str(a) for a in outside)
+        raise ValueError(f"{name}: residual scales must be numbers in [0, 1], got {shown}")
+    if 1.0 not in alphas:
+        raise ValueError(f"{name} must include 1.0 (the trained model), got {tuple(alphas)}")
+    repeated = sorted({a for a in alphas if list(alphas).count(a) > 1})
+    if repeated:
+        shown = ", ".join(str(a) for a in repeated)
+        raise ValueError(f"{name}: each residual scale once, got {shown} more than once")
+    return tuple(alphas)
+
+
+def check_epsilons(epsilons: Sequence[float], name: str = "epsilons") -> tuple[float, ...]:
+    """Relative HR tolerances for alpha selection: one or more, each finite and >= 0."""
+    if not epsilons:
+        raise ValueError(f"{name}: expected one or more relative HR tolerances")
+    bad = [e for e in epsilons if not (math.isfinite(e) and e >= 0)]
+    if bad:
+        shown = ", ".join(str(e) for e in bad)
+        raise ValueError(f"{name}: relative HR tolerances must be finite numbers >= 0, got {shown}")
+    return tuple(epsilons)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResidualOptions:
-    alphas: tuple[float, ...] = ALPHAS  # must include 1.0 (the trained model)
+    alphas: tuple[float, ...] = ALPHAS  # in [0, 1], must include 1.0 (the trained model)
     epsilons: tuple[float, ...] = EPSILONS  # relative HR tolerances for alpha selection
     shuffle_seeds: tuple[int, ...] = (0,)
     hit_ks: tuple[int, ...] = (1, 10)  # K of HRLI@K / HRL2I@K
@@ -130,10 +162,8 @@ class ResidualOptions:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if 1.0 not in self.alphas:
-            raise ValueError(f"alphas must include 1.0 (the trained model), got {self.alphas}")
-        if any(e < 0 for e in self.epsilons):
-            raise ValueError(f"epsilons are relative tolerances >= 0, got {self.epsilons}")
+        check_alphas(self.alphas)
+        check_epsilons(self.epsilons)
         if self.k < 1 or self.batch_size < 1 or self.recent < 1:
             raise ValueError("k, batch_size and recent must be >= 1")
 

@@ -18,6 +18,7 @@ the item ranked, the padding column never counts.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -343,8 +344,10 @@ def select_alpha(
     """
     if 1.0 not in alphas:
         raise ValueError("select_alpha: the alphas must include 1.0, the reference")
-    if epsilon < 0:
-        raise ValueError(f"select_alpha: epsilon is a relative tolerance >= 0, got {epsilon}")
+    if not (math.isfinite(epsilon) and epsilon >= 0):
+        raise ValueError(
+            f"select_alpha: epsilon is a relative tolerance, finite and >= 0, got {epsilon}"
+        )
     reference = hr[list(alphas).index(1.0)]
     best, best_recovery = 1.0, -1.0
     for alpha, h, r in sorted(zip(alphas, hr, recovery_values, strict=True), reverse=True):

@@ -54,9 +54,32 @@ class IdMap:
 
     @classmethod
     def load(cls, path: str | Path) -> IdMap:
+        """The id map ``save`` wrote; ``DataError`` naming the file when its content is not one
+        (an ``OSError`` when it cannot be read at all)."""
         path = Path(path)
+        data = path.read_bytes()
         try:
-            raw = json.loads(path.read_text())
-            return cls(users=[str(u) for u in raw["users"]], items=[str(i) for i in raw["items"]])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise DataError(f"cannot read id map {path}: {err}") from None
+            raw = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{path} is corrupt (not UTF-8: {err.reason} at byte {err.start})"
+            ) from None
+        except ValueError as err:
+            raise DataError(f"{path} is corrupt (invalid JSON: {err})") from None
+        if not isinstance(raw, dict) or not {"users", "items"} <= raw.keys():
+            raise DataError(f'{path} is corrupt (not an object with "users" and "items")')
+        try:
+            return cls(users=_ids(raw["users"], "users"), items=_ids(raw["items"], "items"))
+        except DataError as err:
+            raise DataError(f"{path} is corrupt ({err})") from None
+
+
+def _ids(values: object, key: str) -> list[str]:
+    """A list of original ids as ``save`` writes them. Whole numbers are taken as their text;
+    anything else (a string iterated letter by letter, null, 1.0) would silently differ."""
+    if not isinstance(values, list):
+        raise DataError(f'"{key}" is a {type(values).__name__}, not a list')
+    for value in values:
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise DataError(f'"{key}" holds {json.dumps(value)[:40]}, not an id')
+    return [str(value) for value in values]

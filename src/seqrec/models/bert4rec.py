@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
 from seqrec.config import ConfigError
-from seqrec.models.base import ScoringRecommender, register_model
+from seqrec.models.base import ScoringRecommender, check_float, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.attention import attention
 from seqrec.nn.dropout import Dropout
@@ -90,16 +90,13 @@ class BERT4RecConfig(ItemLossConfig):
             raise ConfigError(
                 f"model.max_seq_len must be >= 2 (history + [MASK]), got {self.max_seq_len}"
             )
-        for field in ("dropout", "attention_dropout"):
-            value = getattr(self, field)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ConfigError(f"model.{field} must be in [0, 1), got {value}")
-        if not 0.0 < self.mask_prob <= 1.0:
-            raise ConfigError(f"model.mask_prob must be in (0, 1], got {self.mask_prob}")
-        for field in ("mask_token_prob", "last_item_mask_prob"):
-            value = getattr(self, field)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"model.{field} must be in [0, 1], got {value}")
+        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float(
+            "attention_dropout", self.attention_dropout, at_least=0.0, below=1.0, nullable=True
+        )
+        check_float("mask_prob", self.mask_prob, above=0.0, at_most=1.0)
+        check_float("mask_token_prob", self.mask_token_prob, at_least=0.0, at_most=1.0)
+        check_float("last_item_mask_prob", self.last_item_mask_prob, at_least=0.0, at_most=1.0)
 
     @property
     def mask_id(self) -> int:

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, NegativeSampler, SeqBatch
 from seqrec.config import ConfigError
-from seqrec.models.base import ScoringRecommender, register_model
+from seqrec.models.base import ScoringRecommender, check_float, register_model
 from seqrec.models.objective import (
     ItemLossConfig,
     LossName,
@@ -92,11 +92,9 @@ class GRU4RecConfig(ItemLossConfig):
             )
         if self.embedding_size is not None and self.embedding_size < 1:
             raise ConfigError(f"model.embedding_size must be >= 1, got {self.embedding_size}")
-        for key in ("dropout", "embedding_dropout"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(self, key)}")
-        if self.elu_param < 0.0:
-            raise ConfigError(f"model.elu_param must be >= 0, got {self.elu_param}")
+        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("embedding_dropout", self.embedding_dropout, at_least=0.0, below=1.0)
+        check_float("elu_param", self.elu_param, at_least=0.0)
         if self.elu_param > 0.0 and self.loss == "ce":
             raise ConfigError("model.elu_param applies to sampled losses; use 0 with loss: ce")
 

@@ -30,7 +30,7 @@ from seqrec.losses import (
     sampled_softmax,
     top1_max,
 )
-from seqrec.models.base import ModelConfig
+from seqrec.models.base import ModelConfig, check_float
 
 LossName = Literal["ce", "bce", "sampled_softmax", "gbce", "bpr", "bpr_max", "top1_max"]
 ALL_LOSSES: tuple[LossName, ...] = get_args(LossName)
@@ -63,10 +63,9 @@ class ItemLossConfig(ModelConfig):
             )
         if self.num_negatives < 1:
             raise ConfigError(f"model.num_negatives must be >= 1, got {self.num_negatives}")
-        if not 0.0 <= self.gbce_t <= 1.0:
-            raise ConfigError(f"model.gbce_t must be in [0, 1], got {self.gbce_t}")
-        if self.sampling_alpha < 0.0:
-            raise ConfigError(f"model.sampling_alpha must be >= 0, got {self.sampling_alpha}")
+        check_float("gbce_t", self.gbce_t, at_least=0.0, at_most=1.0)
+        check_float("sampling_alpha", self.sampling_alpha, at_least=0.0)
+        check_float("bpr_max_reg", self.bpr_max_reg, at_least=0.0)
         if self.negative_sampler == "distinct" and not self.shared_negatives:
             raise ConfigError(
                 "model.negative_sampler 'distinct' draws one set per sequence; "

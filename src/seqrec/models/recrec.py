@@ -66,6 +66,7 @@ from seqrec.models.base import (
     ModelConfig,
     ScoringRecommender,
     SequentialRecommender,
+    check_float,
     register_model,
 )
 from seqrec.nn.dropout import Dropout
@@ -176,11 +177,10 @@ class RecRecConfig(ModelConfig):
                 f"model.hidden_size {self.hidden_size} must be divisible by "
                 f"model.attention_heads {self.attention_heads}"
             )
-        for name in ("dropout", "compressor_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.temperature <= 0.0 or self.idr_weight < 0.0:
-            raise ConfigError("model.temperature must be > 0 and model.idr_weight >= 0")
+        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("compressor_dropout", self.compressor_dropout, at_least=0.0, below=1.0)
+        check_float("idr_weight", self.idr_weight, at_least=0.0)
+        check_float("temperature", self.temperature, above=0.0)
         if self.depth is not None and self.depth < 0:
             raise ConfigError(f"model.depth must be >= 0 or null, got {self.depth}")
         if self.stage == 1 and self.depth:

@@ -25,6 +25,7 @@ from seqrec.data.idmap import IdMap
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_path, atomic_write_text
 from seqrec.models.base import (
+    ModelConfig,
     SequentialRecommender,
     build_model,
     model_config_from_dict,
@@ -100,6 +101,32 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return raw
 
 
+def read_id_map(run_dir: Path, model: ModelConfig) -> IdMap:
+    """The run's id map; one ``RunDirError`` naming the file when it is missing, unreadable,
+    corrupt or counts other items or users than the model in ``config.json``."""
+    path = run_dir / ID_MAP
+    if not path.exists():
+        raise RunDirError(f"{path} is missing: re-train or restore it")
+    if not path.is_file():
+        raise RunDirError(f"{path} is not a file")
+    try:
+        id_map = IdMap.load(path)
+    except OSError as err:
+        raise RunDirError(f"cannot read {path}: {err.strerror or _first_line(err)}") from None
+    except DataError as err:
+        raise RunDirError(f"{err}: re-train or restore it") from None
+    for what, found, expected in (
+        ("items", id_map.num_items, model.num_items),
+        ("users", len(id_map.users), model.num_users),
+    ):
+        if expected and found != expected:  # num_users 0: a config that does not record it
+            raise RunDirError(
+                f"{path} is corrupt ({found} {what}, the model in {CONFIG} has {expected}): "
+                "re-train or restore it"
+            )
+    return id_map
+
+
 def load_run(
     run_dir: str | Path, weights: str = WEIGHTS, settings: Mapping[str, Any] | None = None
 ) -> LoadedRun:
@@ -127,10 +154,7 @@ def load_run(
         raise RunDirError(
             f"{run_dir / weights} does not fit the model in {CONFIG} ({detail or _first_line(err)})"
         ) from None
-    try:
-        id_map = IdMap.load(run_dir / ID_MAP)
-    except DataError as err:
-        raise RunDirError(str(err)) from None
+    id_map = read_id_map(run_dir, model_config)
     model.eval()
     config = ExperimentConfig(
         data=config.data,

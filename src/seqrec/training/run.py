@@ -28,7 +28,7 @@ from seqrec.config import (
 from seqrec.data.prepare import prepare
 from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
-from seqrec.evaluation import EvalResult, evaluate_model
+from seqrec.evaluation import EvalResult, check_num_negatives, evaluate_model
 from seqrec.models.base import (
     MODELS,
     ModelConfig,
@@ -296,6 +296,7 @@ def train_experiment(
     config = _absolute_data_path(config)
     check_train_config(config)  # before the data is read or downloaded
     data = prepare(config.data, data_dir)
+    check_num_negatives(config.eval, data.num_items)  # validation uses it: before epoch 1
     seed_everything(config.train.seed)
     model, semantic_ids = model_for_data(config, data, data_dir, run_dir, started)
     resolved = _resolved(config, model, data)
@@ -365,6 +366,7 @@ def evaluate_run(
     ``settings`` inference settings of its model config (``{"depth": 4}`` for RecRec)."""
     run = load_run(run_dir, settings=settings)
     eval_config = dataclasses.replace(run.config.eval, **(overrides or {}))
+    check_num_negatives(eval_config, run.model.config.num_items)  # before the data is read
     data = data_for_run(run, data_dir)
     target = resolve_device(device)
     run.model.to(target)
