@@ -374,11 +374,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- analyze
-def _floats(text: str) -> tuple[float, ...]:
+def _floats(flag: str, text: str) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in text.replace(",", " ").split())
     except ValueError:
-        raise ConfigError(f"expected numbers separated by commas, got {text!r}") from None
+        raise ConfigError(f"{flag}: expected numbers separated by commas, got {text!r}") from None
 
 
 def _seeds(flag: str, text: str) -> tuple[int, ...]:
@@ -408,8 +408,8 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
 
     _check_output("--out", args.out, folder=True)
     shuffle_seeds = _seeds("--shuffle-seeds", args.shuffle_seeds)
-    alphas = check_alphas(_floats(args.alphas), "--alphas")
-    epsilons = check_epsilons(_floats(args.epsilons), "--epsilons")
+    alphas = check_alphas(_floats("--alphas", args.alphas), "--alphas")
+    epsilons = check_epsilons(_floats("--epsilons", args.epsilons), "--epsilons")
     run = load_run(args.run_dir)
     analyzable(run.model)  # refuse a model the diagnostics cannot run on, before any work
     options = ResidualOptions(

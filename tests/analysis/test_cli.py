@@ -196,6 +196,8 @@ def test_bad_counts_and_seeds_are_refused_before_any_work(
         (["--alphas", "0.5,1,0.5"], "--alphas: each residual scale once, got 0.5 more than once"),
         (["--epsilons", "0.1,nan"], "--epsilons: relative HR tolerances must be finite"),
         (["--epsilons", ""], "--epsilons: expected one or more relative HR tolerances"),
+        (["--alphas", "0,half,1"], "--alphas: expected numbers separated by commas"),
+        (["--epsilons", "0.1;0.2"], "--epsilons: expected numbers separated by commas"),
     ],
 )
 def test_bad_alphas_and_epsilons_are_refused_before_any_work(
