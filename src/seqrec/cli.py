@@ -347,9 +347,7 @@ def _recommend_batch(
 def cmd_demo(args: argparse.Namespace) -> int:
     from seqrec.demo import run_demo
 
-    if args.epochs is not None:
-        _at_least_one(epochs=args.epochs)
-    _check_output("--out", args.out, folder=True)
+    _check_output("--out", args.out, folder=True)  # run_demo checks --epochs before any work
     demo = run_demo(Path(args.out), data_dir=args.data_dir, epochs=args.epochs)
     print(f"dataset: {demo.dataset} — {demo.why}")
     fit = demo.sasrec.fit

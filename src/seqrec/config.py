@@ -73,7 +73,7 @@ def check_float(
     null_means: str = "",
 ) -> None:
     """Raise ``ConfigError`` naming ``key`` unless ``value`` is finite and within the bounds
-    given; ``nullable`` also accepts None (``null_means`` says what null stands for).
+    given; ``nullable`` also accepts None (``null_means`` says what null does: "for no limit").
 
     NaN fails every comparison, so a bare ``if value <= 0: raise`` lets it (and inf) through
     to training.
@@ -93,7 +93,7 @@ def check_float(
         wanted = f"in {left}{low:g}, {high:g}{right}"
     else:
         wanted = " ".join(["a finite number", *(f"{op} {bound:g}" for op, bound in bounds)])
-    null = f", or null{f' for {null_means}' if null_means else ''}" if nullable else ""
+    null = f", or null{f' {null_means}' if null_means else ''}" if nullable else ""
     raise ConfigError(f"{key} must be {wanted}{null}, got {value}")
 
 
@@ -126,11 +126,9 @@ class DataConfig:
             raise ConfigError(
                 f"data.temporal_quantile must be in (0, 1), got {self.temporal_quantile}"
             )
-        if self.min_rating is not None and not math.isfinite(self.min_rating):
-            raise ConfigError(
-                f"data.min_rating must be a finite number, or null to keep all ratings, "
-                f"got {self.min_rating}"
-            )
+        check_float(
+            "data.min_rating", self.min_rating, nullable=True, null_means="to keep all ratings"
+        )
         if self.max_history is not None and self.max_history < 3:
             raise ConfigError(f"data.max_history must be >= 3 or null, got {self.max_history}")
         _check_seed("data.synthetic_seed", self.synthetic_seed)
@@ -195,14 +193,14 @@ class TrainConfig:
         if self.eval_every < 1:
             raise ConfigError(f"train.eval_every must be >= 1, got {self.eval_every}")
         check_float(
-            "train.grad_clip", self.grad_clip, above=0, nullable=True, null_means="no clipping"
+            "train.grad_clip", self.grad_clip, above=0, nullable=True, null_means="for no clipping"
         )
         check_float(
             "train.time_budget_minutes",
             self.time_budget_minutes,
             above=0,
             nullable=True,
-            null_means="no limit",
+            null_means="for no limit",
         )
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(

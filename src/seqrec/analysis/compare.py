@@ -21,9 +21,8 @@ import numpy.typing as npt
 import polars as pl
 import torch
 
+from seqrec.evaluation import RANK_COLUMNS
 from seqrec.metrics import METRICS, mean_and_ci
-
-RANK_COLUMNS = ("user_id", "target", "rank")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
 from seqrec.config import ConfigError, from_dict
-from seqrec.config import check_float as config_check_float
 from seqrec.registry import Registry
 
 
@@ -66,28 +65,6 @@ class ModelConfig:
         the whole batch's gradient. False for anything that couples rows (in-batch
         negatives, contrastive terms, masks drawn per batch)."""
         return False
-
-
-def check_float(
-    key: str,
-    value: float | None,
-    *,
-    at_least: float | None = None,
-    above: float | None = None,
-    at_most: float | None = None,
-    below: float | None = None,
-    nullable: bool = False,
-) -> None:
-    """``seqrec.config.check_float`` for the model field ``key`` (named ``model.<key>``)."""
-    config_check_float(
-        f"model.{key}",
-        value,
-        at_least=at_least,
-        above=above,
-        at_most=at_most,
-        below=below,
-        nullable=nullable,
-    )
 
 
 class SequentialRecommender(nn.Module, ABC):

@@ -52,8 +52,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models.base import ScoringRecommender, check_float, register_model
+from seqrec.config import ConfigError, check_float
+from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.attention import attention
 from seqrec.nn.dropout import Dropout
@@ -90,13 +90,19 @@ class BERT4RecConfig(ItemLossConfig):
             raise ConfigError(
                 f"model.max_seq_len must be >= 2 (history + [MASK]), got {self.max_seq_len}"
             )
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
         check_float(
-            "attention_dropout", self.attention_dropout, at_least=0.0, below=1.0, nullable=True
+            "model.attention_dropout",
+            self.attention_dropout,
+            at_least=0.0,
+            below=1.0,
+            nullable=True,
         )
-        check_float("mask_prob", self.mask_prob, above=0.0, at_most=1.0)
-        check_float("mask_token_prob", self.mask_token_prob, at_least=0.0, at_most=1.0)
-        check_float("last_item_mask_prob", self.last_item_mask_prob, at_least=0.0, at_most=1.0)
+        check_float("model.mask_prob", self.mask_prob, above=0.0, at_most=1.0)
+        check_float("model.mask_token_prob", self.mask_token_prob, at_least=0.0, at_most=1.0)
+        check_float(
+            "model.last_item_mask_prob", self.last_item_mask_prob, at_least=0.0, at_most=1.0
+        )
 
     @property
     def mask_id(self) -> int:

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models.base import ScoringRecommender, check_float, register_model
+from seqrec.config import ConfigError, check_float
+from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.dropout import Dropout
 
@@ -79,7 +79,7 @@ class CaserConfig(ItemLossConfig):
             raise ConfigError("model.num_horizontal and model.num_vertical must be >= 0")
         if self.num_horizontal + self.num_vertical == 0:
             raise ConfigError("model.num_horizontal and model.num_vertical cannot both be 0")
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
 

@@ -54,8 +54,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models.base import check_float, register_model
+from seqrec.config import ConfigError, check_float
+from seqrec.models.base import register_model
 from seqrec.models.objective import LossName, dot_product_loss
 from seqrec.models.sasrec import SASRec, SASRecConfig
 
@@ -91,8 +91,8 @@ class DuoRecConfig(SASRecConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_float("contrastive_weight", self.contrastive_weight, at_least=0.0)
-        check_float("temperature", self.temperature, above=0.0)
+        check_float("model.contrastive_weight", self.contrastive_weight, at_least=0.0)
+        check_float("model.temperature", self.temperature, above=0.0)
         if self.user_embedding:
             raise ConfigError("duorec has no user embedding; set model.user_embedding: false")
 

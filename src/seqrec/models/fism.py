@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models.base import ScoringRecommender, check_float, register_model
+from seqrec.config import ConfigError, check_float
+from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 
 INIT_STD = 0.1  # N(0, 0.1^2) initial factors, the usual MF start (same as bpr.py)
@@ -58,7 +58,7 @@ class FISMConfig(ItemLossConfig):
         super().__post_init__()
         if self.hidden_size < 1:
             raise ConfigError(f"model.hidden_size must be >= 1, got {self.hidden_size}")
-        check_float("alpha", self.alpha, at_least=0.0, at_most=1.0)
+        check_float("model.alpha", self.alpha, at_least=0.0, at_most=1.0)
 
 
 @register_model

@@ -45,8 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, NegativeSampler, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models.base import ScoringRecommender, check_float, register_model
+from seqrec.config import ConfigError, check_float
+from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import (
     ItemLossConfig,
     LossName,
@@ -92,9 +92,9 @@ class GRU4RecConfig(ItemLossConfig):
             )
         if self.embedding_size is not None and self.embedding_size < 1:
             raise ConfigError(f"model.embedding_size must be >= 1, got {self.embedding_size}")
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
-        check_float("embedding_dropout", self.embedding_dropout, at_least=0.0, below=1.0)
-        check_float("elu_param", self.elu_param, at_least=0.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.embedding_dropout", self.embedding_dropout, at_least=0.0, below=1.0)
+        check_float("model.elu_param", self.elu_param, at_least=0.0)
         if self.elu_param > 0.0 and self.loss == "ce":
             raise ConfigError("model.elu_param applies to sampled losses; use 0 with loss: ce")
 

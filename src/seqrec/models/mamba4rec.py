@@ -57,9 +57,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
+from seqrec.config import ConfigError, check_float
 from seqrec.losses import fused_full_ce
-from seqrec.models.base import ModelConfig, ScoringRecommender, check_float, register_model
+from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
 from seqrec.nn.dropout import Dropout
 from seqrec.nn.feed_forward import fused_ffn_applies, gelu_ffn_residual
 from seqrec.nn.mamba_inner import fused_block_applies, mamba_inner_numba
@@ -94,7 +94,7 @@ class Mamba4RecConfig(ModelConfig):
         for field in ("hidden_size", "state_size", "conv_kernel", "expand", "num_layers"):
             if getattr(self, field) < 1:
                 raise ConfigError(f"model.{field} must be >= 1, got {getattr(self, field)}")
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
 
     @property
     def inner_size(self) -> int:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, BatchNeeds, NegativeSampler, SeqBatch
-from seqrec.config import ConfigError
+from seqrec.config import ConfigError, check_float
 from seqrec.losses import (
     SampledLoss,
     bce_with_negatives,
@@ -30,7 +30,7 @@ from seqrec.losses import (
     sampled_softmax,
     top1_max,
 )
-from seqrec.models.base import ModelConfig, check_float
+from seqrec.models.base import ModelConfig
 
 LossName = Literal["ce", "bce", "sampled_softmax", "gbce", "bpr", "bpr_max", "top1_max"]
 ALL_LOSSES: tuple[LossName, ...] = get_args(LossName)
@@ -63,9 +63,9 @@ class ItemLossConfig(ModelConfig):
             )
         if self.num_negatives < 1:
             raise ConfigError(f"model.num_negatives must be >= 1, got {self.num_negatives}")
-        check_float("gbce_t", self.gbce_t, at_least=0.0, at_most=1.0)
-        check_float("sampling_alpha", self.sampling_alpha, at_least=0.0)
-        check_float("bpr_max_reg", self.bpr_max_reg, at_least=0.0)
+        check_float("model.gbce_t", self.gbce_t, at_least=0.0, at_most=1.0)
+        check_float("model.sampling_alpha", self.sampling_alpha, at_least=0.0)
+        check_float("model.bpr_max_reg", self.bpr_max_reg, at_least=0.0)
         if self.negative_sampler == "distinct" and not self.shared_negatives:
             raise ConfigError(
                 "model.negative_sampler 'distinct' draws one set per sequence; "

@@ -36,9 +36,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError, from_dict
+from seqrec.config import ConfigError, check_float, from_dict
 from seqrec.losses import fused_full_ce
-from seqrec.models.base import ModelConfig, ScoringRecommender, check_float, register_model
+from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
 from seqrec.models.sasrec import SASRec, SASRecConfig
 from seqrec.nn.masks import attention_mask
 
@@ -68,9 +68,9 @@ class ReaRecConfig(ModelConfig):
                 f"model.depth must be in 0..{self.reasoning_steps} (ReaRec has one reasoning "
                 f"position embedding per trained step), got {self.depth}"
             )
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
-        check_float("kl_weight", self.kl_weight, at_least=0.0)
-        check_float("temperature", self.temperature, above=0.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.kl_weight", self.kl_weight, at_least=0.0)
+        check_float("model.temperature", self.temperature, above=0.0)
         self.backbone_config()
 
     @property

@@ -60,13 +60,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
-from seqrec.config import ConfigError, from_dict
+from seqrec.config import ConfigError, check_float, from_dict
 from seqrec.models.base import (
     MODELS,
     ModelConfig,
     ScoringRecommender,
     SequentialRecommender,
-    check_float,
     register_model,
 )
 from seqrec.nn.dropout import Dropout
@@ -177,10 +176,10 @@ class RecRecConfig(ModelConfig):
                 f"model.hidden_size {self.hidden_size} must be divisible by "
                 f"model.attention_heads {self.attention_heads}"
             )
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
-        check_float("compressor_dropout", self.compressor_dropout, at_least=0.0, below=1.0)
-        check_float("idr_weight", self.idr_weight, at_least=0.0)
-        check_float("temperature", self.temperature, above=0.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.compressor_dropout", self.compressor_dropout, at_least=0.0, below=1.0)
+        check_float("model.idr_weight", self.idr_weight, at_least=0.0)
+        check_float("model.temperature", self.temperature, above=0.0)
         if self.depth is not None and self.depth < 0:
             raise ConfigError(f"model.depth must be >= 0 or null, got {self.depth}")
         if self.stage == 1 and self.depth:

@@ -56,8 +56,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models.base import ScoringRecommender, check_float, register_model
+from seqrec.config import ConfigError, check_float
+from seqrec.models.base import ScoringRecommender, register_model
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.nn.attention import attention, attention_reference
 from seqrec.nn.dropout import Dropout
@@ -115,10 +115,10 @@ class SASRecConfig(ItemLossConfig):
             )
         if self.num_layers < 0:
             raise ConfigError(f"model.num_layers must be >= 0, got {self.num_layers}")
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
-        check_float("init_std", self.init_std, above=0.0, nullable=True)
+        check_float("model.init_std", self.init_std, above=0.0, nullable=True)
 
     @property
     def loss_splits_by_rows(self) -> bool:

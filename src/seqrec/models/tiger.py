@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models.base import ModelConfig, SequentialRecommender, check_float, register_model
+from seqrec.config import ConfigError, check_float
+from seqrec.models.base import ModelConfig, SequentialRecommender, register_model
 from seqrec.nn.beam_search import DictTrie, constrained_beam_search, reference_beam_search
 from seqrec.nn.code_trie import CodeTrie
 from seqrec.nn.t5 import DecoderLayer, EncoderLayer, RelativePositionBias
@@ -97,7 +97,7 @@ class TIGERConfig(ModelConfig):
             )
         if self.codebook_sizes and min(self.codebook_sizes) < 1:
             raise ConfigError(f"model.codebook_sizes must be positive, got {self.codebook_sizes}")
-        check_float("dropout", self.dropout, at_least=0.0, below=1.0)
+        check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
         # T5's buckets: the encoder's half of relative_buckets must hold an exact bucket,
         # and the logarithmic ones need max_distance beyond the decoder's exact range.
         if self.relative_buckets < 4 or self.relative_max_distance <= self.relative_buckets // 2:
