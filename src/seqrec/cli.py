@@ -171,11 +171,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from seqrec.evaluation import check_rank_export, export_ranks
     from seqrec.training.run import evaluate_run
 
-    overrides: dict[str, Any] = {}
-    if args.protocol is not None:
-        overrides["protocol"] = args.protocol
-    if args.filter_seen is not None:
-        overrides["filter_seen"] = args.filter_seen
+    raw = _trained_run_overrides(args.set, allowed=("model", "eval"))
+    overrides: dict[str, Any] = raw.get("eval", {})
+    flags = {"protocol": ("--protocol", args.protocol)}
+    flags["filter_seen"] = ("--filter-seen/--no-filter-seen", args.filter_seen)
+    for key, (flag, value) in flags.items():
+        if value is None:
+            continue
+        if key in overrides and overrides[key] != value:
+            raise ConfigError(f"--set eval.{key}={overrides[key]} disagrees with {flag}")
+        overrides[key] = value
     if args.export_ranks:
         check_rank_export(args.export_ranks)  # a .csv or .parquet, not over someone's data
         _check_output("--export-ranks", args.export_ranks)
@@ -184,7 +189,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         split=args.split,
         overrides=overrides,
         data_dir=args.data_dir,
-        settings=_inference_settings(args.set),
+        settings=raw.get("model", {}),
     )
     if args.export_ranks:
         export_ranks(result, run.id_map, args.export_ranks)
@@ -198,16 +203,32 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _inference_settings(overrides: list[str] | None) -> dict[str, Any]:
     """``--set model.key=value`` for a trained model: only its declared inference settings
     (e.g. RecRec's ``depth``) may change; anything else is refused when the run is loaded."""
+    settings: dict[str, Any] = _trained_run_overrides(overrides, allowed=("model",)).get(
+        "model", {}
+    )
+    return settings
+
+
+def _trained_run_overrides(
+    overrides: list[str] | None, allowed: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """``--set section.key=value`` on a trained run, by section; only the ``allowed`` sections
+    (the model's inference settings, and for evaluate the eval protocol) can change: data,
+    training and tokenizer settings are what the run was trained with."""
     raw: dict[str, Any] = {}
     for override in overrides or []:
-        if not override.startswith("model."):
+        section = override.partition(".")[0]
+        if section not in allowed:
+            what = " and ".join(f"{name}.key=value" for name in allowed)
             raise ConfigError(
-                f"--set {override}: only model inference settings (model.key=value) can "
-                "change on a trained run"
+                f"--set {override}: only {what} can change on a trained run "
+                f"({', '.join(_TRAINED_SECTIONS[name] for name in allowed)})"
             )
         set_dotted(raw, override)
-    settings: dict[str, Any] = raw.get("model", {})
-    return settings
+    return raw
+
+
+_TRAINED_SECTIONS = {"model": "the model's inference settings", "eval": "the evaluation protocol"}
 
 
 # ---------------------------------------------------------------- tokenize
@@ -561,7 +582,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--export-ranks", metavar="FILE", help=".csv or .parquet: user_id, target, rank")
     p.add_argument("--json", action="store_true", help="one flat JSON object on stdout")
-    _inference_flag(p)
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="an inference setting of the trained model (model.depth=4 for RecRec) or of the "
+        "evaluation (eval.ks=[10,50], eval.num_negatives=..., eval.negative_sampling=...)",
+    )
     _common_data(p)
     p.set_defaults(handler=cmd_evaluate)
 

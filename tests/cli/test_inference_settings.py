@@ -58,14 +58,18 @@ def test_recommend_takes_the_depth_too(stage_2: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("command", "override", "message"),
     [
-        ("model.hidden_size=8", "model.hidden_size cannot change after training"),
-        ("train.lr=0.1", "only model inference settings"),
+        ("evaluate", "model.hidden_size=8", "model.hidden_size cannot change after training"),
+        ("evaluate", "train.lr=0.1", "only model.key=value and eval.key=value can change"),
+        ("recommend", "eval.ks=[5]", "only model.key=value can change on a trained run"),
     ],
 )
-def test_other_settings_are_refused(stage_2: Path, override: str, message: str) -> None:
-    done = run_seqrec("evaluate", stage_2, "--set", override)
+def test_other_settings_are_refused(
+    stage_2: Path, command: str, override: str, message: str
+) -> None:
+    extra = ("--history", "1") if command == "recommend" else ()
+    done = run_seqrec(command, stage_2, *extra, "--set", override)
     assert done.returncode == 2
     assert message in one_error_line(done.stderr)
 

@@ -194,6 +194,44 @@ def test_valid_split(file_run: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert valid["NDCG@10"] == pytest.approx(best["valid_NDCG@10"], abs=1e-6)
 
 
+def test_set_eval_changes_the_protocol_of_one_evaluation(
+    file_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    default = evaluate_json(capsys, str(file_run))
+    cut_offs = evaluate_json(capsys, str(file_run), "--set", "eval.ks=[1,50]")
+    assert {"HR@1", "HR@50"} <= set(cut_offs)
+    assert "HR@10" not in cut_offs
+    assert cut_offs["NDCG@1"] == cut_offs["HR@1"] <= default["HR@5"] <= cut_offs["HR@50"]
+    by_set = evaluate_json(capsys, str(file_run), "--set", "eval.protocol=sampled")
+    assert by_set == evaluate_json(capsys, str(file_run), "--protocol", "sampled")
+    fewer = evaluate_json(
+        capsys, str(file_run), "--protocol", "sampled", "--set", "eval.num_negatives=20"
+    )
+    assert fewer["protocol"].startswith("sampled: target + 20 uniform")
+    assert fewer["HR@10"] > by_set["HR@10"]  # 20 negatives instead of 100: an easier list
+    assert evaluate_json(capsys, str(file_run)) == default  # the run's own config is unchanged
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--set", "eval.foo=1"], "unknown key(s) eval.foo; valid eval keys: batch_size"),
+        (["--set", "eval.ks=[0]"], "eval.ks must be positive integers"),
+        (["--set", "eval.protocol=exhaustive"], "eval.protocol: 'exhaustive' is not one of"),
+        (
+            ["--set", "eval.protocol=full", "--protocol", "sampled"],
+            "--set eval.protocol=full disagrees with --protocol",
+        ),
+        (["--set", "data.max_seq_len=5"], "only model.key=value and eval.key=value can change"),
+    ],
+)
+def test_set_on_evaluate_refuses_bad_or_training_settings(
+    file_run: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], message: str
+) -> None:
+    assert main(["evaluate", str(file_run), *overrides]) == 2
+    assert message in one_error_line(capsys.readouterr().err)
+
+
 def read_ranks(path: Path) -> pl.DataFrame:
     if path.suffix == ".csv":
         return pl.read_csv(path, schema_overrides={"user_id": pl.String, "target": pl.String})
