@@ -513,6 +513,16 @@ def test_prefix_examples_train_what_every_prefix_of_a_row_trains(stage: int) -> 
         ({"depth": 3}, "stage-1 RecRec has no reasoner"),
         ({"backbone_options": {"hiden": 1}}, r"unknown key\(s\) model.backbone_options.hiden"),
         ({"backbone_options": {"hidden_size": 8}}, "may not set hidden_size"),
+        (
+            {"backbone_options": {"init_std": -1.0}},
+            "model.backbone_options.init_std must be a finite number > 0",
+        ),
+        ({"backbone_options": {"dropout_placement": "x"}}, "model.backbone_options.dropout_pl"),
+        ({"backbone_options": [1]}, "model.backbone_options must be a mapping"),
+        (
+            {"backbone_options": {"user_embedding": True}},
+            "model.backbone_options.user_embedding: RecRec reads only",
+        ),
         ({"hidden_size": 18, "attention_heads": 4}, "divisible by model.attention_heads"),
         ({"stage": 2, "depth": -1}, "model.depth must be >= 0"),
     ],

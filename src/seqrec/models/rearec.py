@@ -36,13 +36,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError, check_float, from_dict
+from seqrec.config import ConfigError, check_float
 from seqrec.losses import fused_full_ce
+from seqrec.models.backbone_options import backbone_config
 from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
 from seqrec.models.sasrec import SASRec, SASRecConfig
 from seqrec.nn.masks import attention_mask
-
-SHARED_BACKBONE_FIELDS = ("hidden_size", "num_layers", "num_heads", "dropout", "max_seq_len")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,23 +77,16 @@ class ReaRecConfig(ModelConfig):
         return self.reasoning_steps if self.depth is None else self.depth
 
     def backbone_config(self) -> SASRecConfig:
-        if not isinstance(self.backbone_options, dict):
-            raise ConfigError(
-                f"model.backbone_options must be a mapping, got {self.backbone_options!r}"
-            )
-        clash = sorted(
-            set(self.backbone_options) & {*SHARED_BACKBONE_FIELDS, "num_items", "num_users"}
-        )
-        if clash:
-            raise ConfigError(f"model.backbone_options may not set {', '.join(clash)}")
-        values = {name: getattr(self, name) for name in SHARED_BACKBONE_FIELDS}
-        values.update(loss="ce", **self.backbone_options)
-        values.update(num_items=self.num_items, num_users=self.num_users)
-        config = from_dict(SASRecConfig, values, "model.backbone_options")
+        config = backbone_config(SASRecConfig, self, self.backbone_options)
         if config.user_embedding:
-            raise ConfigError("ReaRec does not use a user embedding (backbone_options)")
-        if config.layout == "post_ln":  # its reasoning tokens would skip the input LayerNorm
-            raise ConfigError("ReaRec's backbone cannot use layout: post_ln (backbone_options)")
+            raise ConfigError(
+                "model.backbone_options.user_embedding: ReaRec does not use a user embedding"
+            )
+        if config.layout == "post_ln":
+            raise ConfigError(
+                "model.backbone_options.layout: ReaRec's backbone cannot use layout: post_ln "
+                "(its reasoning tokens would skip the input LayerNorm)"
+            )
         return config
 
 

@@ -60,7 +60,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
-from seqrec.config import ConfigError, check_float, from_dict
+from seqrec.config import ConfigError, check_float
+from seqrec.models.backbone_options import backbone_config
 from seqrec.models.base import (
     MODELS,
     ModelConfig,
@@ -107,7 +108,6 @@ BACKBONES: dict[BackboneName, Backbone] = {
         unused=("head.", "out_bias"),
     ),
 }
-SHARED_BACKBONE_FIELDS = ("hidden_size", "num_layers", "num_heads", "dropout", "max_seq_len")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,10 +212,6 @@ class RecRecConfig(ModelConfig):
 
     def backbone_config(self) -> ModelConfig:
         """The backbone's own config: the shared fields plus ``backbone_options``."""
-        if not isinstance(self.backbone_options, dict):
-            raise ConfigError(
-                f"model.backbone_options must be a mapping, got {self.backbone_options!r}"
-            )
         try:
             cls = MODELS.get(self.backbone).config_class
         except KeyError:
@@ -223,20 +219,12 @@ class RecRecConfig(ModelConfig):
                 f"model.backbone {self.backbone!r} is not registered (the module "
                 f"seqrec.models.{self.backbone} is missing); available: {', '.join(MODELS.names())}"
             ) from None
-        clash = sorted(
-            set(self.backbone_options) & {*SHARED_BACKBONE_FIELDS, "num_items", "num_users"}
-        )
-        if clash:
-            raise ConfigError(
-                f"model.backbone_options may not set {', '.join(clash)}: "
-                "set them on the model (or they come from the data)"
-            )
-        values = {name: getattr(self, name) for name in SHARED_BACKBONE_FIELDS}
-        values.update(loss="ce", **self.backbone_options)
-        values.update(num_items=self.num_items, num_users=self.num_users)
-        config = from_dict(cls, values, "model.backbone_options")
+        config = backbone_config(cls, self, self.backbone_options)
         if getattr(config, "user_embedding", False):
-            raise ConfigError("RecRec reads only the backbone's hidden states: no user_embedding")
+            raise ConfigError(
+                "model.backbone_options.user_embedding: RecRec reads only the backbone's "
+                "hidden states, not a user embedding"
+            )
         return config
 
 
