@@ -152,6 +152,28 @@ def test_train_refuses_an_existing_run_without_resume(
     assert digest(run_copy) == before
 
 
+def test_a_run_that_never_completed_an_epoch_is_named_as_such(
+    run_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = tmp_path / "stub"  # what an interrupted first epoch, or an older seqrec, leaves
+    stub.mkdir()
+    for name in ("config.json", "id_map.json"):
+        shutil.copy(run_copy / name, stub / name)
+    before = digest(stub)
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw())
+    line = error_of(capsys, "train", "--config", config, "--out", stub)
+    assert "holds a run that never completed an epoch (config.json, no checkpoint.pt)" in line
+    assert "pass --resume to start it from epoch 1" in line
+    changed = ("--set", "model.hidden_size=8", "--resume")
+    line = error_of(capsys, "train", "--config", config, "--out", stub, *changed)
+    assert "the config differs" in line
+    assert "never completed an epoch: removing it loses nothing" in line
+    assert digest(stub) == before
+    line = error_of(capsys, "train", "--config", config, "--out", run_copy, *changed)
+    assert "the config differs" in line
+    assert "removing it" not in line  # a trained run is never called disposable
+
+
 def test_bad_monitor_leaves_no_partial_run_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -126,11 +126,21 @@ def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, A
             if k not in free and theirs.get(k, defaults.get(k, _MISSING)) != ours.get(k)
         )
         if keys:
+            hint = ""
+            if _never_trained(run_dir):
+                hint = f" ({run_dir} never completed an epoch: removing it loses nothing)"
             raise ConfigError(
                 f"--resume: the config differs from the one {run_dir} was started with "
                 f"({', '.join(f'{section}.{k}' for k in keys)}); resume without --config/--set, "
-                "or start a new --out"
+                f"or start a new --out{hint}"
             )
+
+
+def _never_trained(run_dir: Path) -> bool:
+    """A run directory with a config but no checkpoint, weights or results: a run stopped
+    before its first epoch ended, or a failed start left by an older seqrec, which did not
+    clean up after a failed start."""
+    return not any((run_dir / name).exists() for name in (STATE, WEIGHTS, RESULTS))
 
 
 _MISSING = object()
@@ -290,6 +300,12 @@ def train_experiment(
     """
     started = (run_dir / CONFIG).is_file() or (run_dir / STATE).exists()
     if started and not resume:
+        if _never_trained(run_dir):
+            raise RunDirError(
+                f"{run_dir} holds a run that never completed an epoch ({CONFIG}, no {STATE}): "
+                "pass --resume to start it from epoch 1 with its config, or remove it "
+                "(nothing trained is lost) or choose a new --out"
+            )
         raise RunDirError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out"
         )
