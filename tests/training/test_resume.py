@@ -331,6 +331,23 @@ def test_a_failure_after_the_first_checkpoint_keeps_the_run_to_resume(tmp_path: 
     assert train_experiment(config, run_dir, resume=True).fit.epochs == 2
 
 
+def test_resume_names_a_started_run_with_no_epoch_but_not_a_new_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = experiment_from_raw(tiny_raw(train={"max_epochs": 1}))
+    fresh = tmp_path / "fresh"
+    with caplog.at_level("INFO", logger="seqrec.training.run"):
+        train_experiment(config, fresh, resume=True)  # what `seqrec demo` does on a first run
+    assert "no completed epoch yet" not in caplog.text
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    for name in ("config.json", "id_map.json"):
+        shutil.copy(fresh / name, stub / name)
+    with caplog.at_level("INFO", logger="seqrec.training.run"):
+        assert train_experiment(config, stub, resume=True).fit.epochs == 1
+    assert f"--resume: {stub} has no completed epoch yet; starting from epoch 1" in caplog.text
+
+
 # ---------------------------------------------------------------- atomic writes
 def write_then_fail(target: Path, text: str) -> None:
     with atomic_path(target) as tmp:

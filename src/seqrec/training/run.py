@@ -323,7 +323,7 @@ def train_experiment(
     if config.train.init_from is not None and not (resume and (run_dir / STATE).exists()):
         warm_start(model, config.train.init_from, data)  # a resumed run has its own weights
     trainer = Trainer(model, data, config, run_dir, on_epoch_end)
-    if resume and not trainer.resume():
+    if resume and not trainer.resume() and started:  # a new folder is no news
         logger.info("--resume: %s has no completed epoch yet; starting from epoch 1", run_dir)
     with _removed_unless_checkpointed(run_dir):
         if config.train.tensorboard:  # fails here, before any write, when the extra is missing
