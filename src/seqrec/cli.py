@@ -173,8 +173,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     raw = _trained_run_overrides(args.set, allowed=("model", "eval"))
     overrides: dict[str, Any] = raw.get("eval", {})
-    flags = {"protocol": ("--protocol", args.protocol)}
-    flags["filter_seen"] = ("--filter-seen/--no-filter-seen", args.filter_seen)
+    flags = {
+        "protocol": ("--protocol", args.protocol),
+        "filter_seen": ("--filter-seen/--no-filter-seen", args.filter_seen),
+    }
     for key, (flag, value) in flags.items():
         if value is None:
             continue

@@ -21,8 +21,9 @@ _FROM_DATA = ("num_items", "num_users")
 C = TypeVar("C", bound=ModelConfig)
 
 
-def backbone_config(cls: type[C], wrapper: ModelConfig, options: object, *, loss: str = "ce") -> C:
-    """``cls`` built from the wrapper's shared fields, its data sizes and ``options``."""
+def backbone_config(cls: type[C], wrapper: ModelConfig, options: object) -> C:
+    """``cls`` built from the wrapper's shared fields, its data sizes and ``options``. The
+    backbone's loss defaults to CE; the wrapper computes its own loss from the hidden states."""
     if not isinstance(options, Mapping):
         raise ConfigError(f"{OPTIONS_KEY} must be a mapping, got {options!r}")
     clash = sorted(set(options) & {*SHARED_BACKBONE_FIELDS, *_FROM_DATA})
@@ -40,7 +41,7 @@ def backbone_config(cls: type[C], wrapper: ModelConfig, options: object, *, loss
             f"valid {OPTIONS_KEY} keys for {cls.name}: {', '.join(allowed)}"
         )
     values: dict[str, Any] = {name: getattr(wrapper, name) for name in SHARED_BACKBONE_FIELDS}
-    values.update(loss=loss, **options)
+    values.update(loss="ce", **options)
     values.update(num_items=wrapper.num_items, num_users=wrapper.num_users)
     try:
         return from_dict(cls, values, OPTIONS_KEY)

@@ -138,8 +138,8 @@ def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, A
 
 def _never_trained(run_dir: Path) -> bool:
     """A run directory with a config but no checkpoint, weights or results: a run stopped
-    before its first epoch ended, or a failed start left by an older seqrec, which did not
-    clean up after a failed start."""
+    before its first epoch ended, or what a failed start left behind in the seqrec versions
+    that did not yet clean up after one."""
     return not any((run_dir / name).exists() for name in (STATE, WEIGHTS, RESULTS))
 
 
