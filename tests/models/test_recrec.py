@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -94,10 +95,46 @@ def test_s0_is_a_fixed_truncated_normal_buffer_not_a_parameter() -> None:
     assert "s0" not in make().state_dict()  # stage 1 has no reasoner
 
 
+def test_s0_stays_the_same_through_training_steps(batch: SeqBatch) -> None:
+    model = randomise_reasoner(make(**STAGE_2)).train()
+    assert model.s0 is not None
+    before = model.s0.clone()
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(batch).loss.backward()
+        optimizer.step()
+    assert torch.equal(model.s0, before)
+    assert torch.equal(make(**STAGE_2).s0, before)  # drawn from the seed, not per run
+
+
+def test_reasoning_at_depth_n_is_n_hand_written_steps(batch: SeqBatch) -> None:
+    """f^N(M_0): each step n scratchpad updates S <- Reasoner(S, [H; M]) with M fixed, then
+    M <- gate(Reasoner(M, S), M), S carried over from the step before."""
+    n, depth = 2, 3
+    model = randomise_reasoner(make(**{**STAGE_2, "inner_steps": n})).eval()
+    reasoner, gate = model.reasoner, model.gate
+    assert reasoner is not None
+    assert gate is not None
+    assert model.s0 is not None
+    with torch.no_grad():
+        encoded = model.encode(batch.input_ids, newest_only=True)
+        hidden = reasoner.context(encoded.hidden)
+        s, m = model.s0.expand_as(encoded.interests), encoded.interests
+        for _ in range(depth):
+            fixed = reasoner.context(m)
+            for _ in range(n):
+                s = reasoner(s, fixed, hidden, encoded.reads)
+            m = gate(reasoner(m, reasoner.context(s)), m)
+        torch.testing.assert_close(model.interests(batch.input_ids, depth=depth), m[:, 0])
+        assert not torch.allclose(model.interests(batch.input_ids, depth=depth - 1), m[:, 0])
+
+
 def test_every_round_starts_from_detached_states_and_only_its_last_step_has_grad(
     batch: SeqBatch,
 ) -> None:
-    model = make(rounds=3, steps_per_round=3, stage=2, inner_steps=1)
+    # a reasoner that is not the identity, so that each step moves S and M
+    model = randomise_reasoner(make(rounds=3, steps_per_round=3, stage=2, inner_steps=1))
     calls = record_steps(model)
     model.train()(batch).loss.backward()
     assert len(calls) == 9  # K x T steps
@@ -106,7 +143,10 @@ def test_every_round_starts_from_detached_states_and_only_its_last_step_has_grad
     assert not any(s.requires_grad or m.requires_grad for s, m, _, _ in calls)  # detached in
     assert model.s0 is not None
     torch.testing.assert_close(calls[0][0], model.s0.expand_as(calls[0][0]))  # round 1: S_0
-    torch.testing.assert_close(calls[3][0], calls[2][2])  # round 2 inherits round 1's S
+    for before, after in itertools.pairwise(calls):  # within and across rounds
+        torch.testing.assert_close(after[0], before[2].detach(), rtol=0, atol=0)
+        torch.testing.assert_close(after[1], before[3].detach(), rtol=0, atol=0)
+    assert not torch.allclose(calls[3][0], model.s0.expand_as(calls[3][0]))  # not S_0 again
     assert all(p.grad is not None for p in model.reasoner.parameters())
 
 
@@ -277,6 +317,26 @@ def test_scoring_in_blocks_of_users_changes_nothing(monkeypatch: pytest.MonkeyPa
     assert interest_scores(interests[:0], items, 0.7).shape == (0, 11)
 
 
+def test_the_interest_ce_is_the_cross_entropy_of_the_scores() -> None:
+    g = torch.Generator().manual_seed(1)
+    interests, items = torch.randn(6, 3, 5, generator=g), torch.randn(NUM_ITEMS + 1, 5, generator=g)
+    targets = torch.randint(1, NUM_ITEMS + 1, (6,), generator=g)
+    scores = interest_scores(interests, items, 0.4)[:, 1:]  # without the padding column
+    torch.testing.assert_close(
+        interest_ce_reference(interests, items, targets, 0.4),
+        torch.nn.functional.cross_entropy(scores, targets - 1),
+    )
+
+
+def test_the_model_scores_with_its_temperature(batch: SeqBatch) -> None:
+    model = make(temperature=0.5).eval()
+    with torch.no_grad():
+        m0 = model.interests(batch.input_ids)
+        expected = interest_scores(m0, model.items(), 0.5)
+        torch.testing.assert_close(model.score(batch.input_ids), expected)
+        assert not torch.allclose(expected, interest_scores(m0, model.items(), 1.0))
+
+
 def test_fused_interest_ce_matches_the_reference() -> None:
     g = torch.Generator().manual_seed(0)
     interests = torch.randn(11, 3, 5, generator=g, requires_grad=True)
@@ -303,6 +363,8 @@ def test_idr_by_hand() -> None:
     torch.testing.assert_close(interest_diversity(interests), torch.tensor(math.sqrt(2) / 3))
     same = torch.ones(4, 3, 2)
     torch.testing.assert_close(interest_diversity(same), torch.tensor(1.0))
+    opposite = torch.tensor([[[1.0, 0.0], [-2.0, 0.0]]])  # signed cosine, not its magnitude
+    torch.testing.assert_close(interest_diversity(opposite), torch.tensor(-1.0))
     assert interest_diversity(torch.randn(4, 1, 2)).item() == 0.0
 
 
@@ -422,6 +484,15 @@ def test_stage_2_keeps_compressor_dropout_on_and_the_backbone_deterministic(
     torch.testing.assert_close(first.hidden, second.hidden)  # backbone: eval mode
     assert not torch.allclose(first.interests, second.interests)  # compressor: dropout draws
     assert make(compressor_dropout=0.5, dropout=0.5).train().backbone.training  # stage 1
+
+
+@pytest.mark.parametrize("compressor_dropout", [0.5, 0.0])
+def test_stage_2_training_draws_compressor_dropout_only(
+    batch: SeqBatch, compressor_dropout: float
+) -> None:
+    model = make(**STAGE_2, compressor_dropout=compressor_dropout, dropout=0.5).train()
+    first, second = model(batch).loss, model(batch).loss  # through forward, as training runs
+    assert torch.equal(first, second) == (compressor_dropout == 0.0)
 
 
 def test_stage_2_backbone_dropout_is_a_switch_for_training_only(batch: SeqBatch) -> None:
