@@ -53,16 +53,74 @@ def test_causal_future_items_do_not_change_the_past(batch: SeqBatch) -> None:
     assert not torch.allclose(before[:, t:], after[:, t:])  # the future itself did change
 
 
-@pytest.mark.parametrize("changes", [{}, {"num_layers": 2}, {"positional_embedding": True}])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"num_layers": 2},
+        {"positional_embedding": True},
+        {"scan": "fast", "num_layers": 2},
+        {"scan": "reference", "num_layers": 2},
+    ],
+    ids=str,
+)
 def test_extra_left_padding_changes_nothing(changes: dict[str, object]) -> None:
     model = build(**changes)
     ids = histories(4, L, [7, 5, 2, 1])
-    wider = F.pad(ids, (6, 0), value=PAD_ID)  # six more padding columns on the left
+    extra = 40  # more than a segment of the compiled scan, which skips whole padded ones
+    wider = F.pad(ids, (extra, 0), value=PAD_ID)
     torch.testing.assert_close(model.score(wider[:, -L:]), model.score(ids))
     hidden, _ = model.encode(ids)
     hidden_wide, _ = model.encode(wider)
     real = ids != PAD_ID
-    torch.testing.assert_close(hidden_wide[:, 6:][real], hidden[real])
+    torch.testing.assert_close(hidden_wide[:, extra:][real], hidden[real])
+
+
+def test_defaults_are_the_papers() -> None:
+    config = Mamba4RecConfig(num_items=5)
+    expected = {
+        "hidden_size": 64,
+        "state_size": 32,  # N
+        "conv_kernel": 4,  # K
+        "expand": 2,  # E
+        "num_layers": 1,
+        "dropout": 0.2,  # ML-1M
+        "positional_embedding": False,
+        "ffn": True,
+    }
+    assert {key: getattr(config, key) for key in expected} == expected
+
+
+def test_embeddings_are_layer_normalised_before_the_first_block() -> None:
+    model = build(num_layers=2)
+    with torch.no_grad():
+        model.emb_norm.weight.normal_(1.0, 0.3)  # not the identity's ones and zeros
+        model.emb_norm.bias.normal_(0.0, 0.3)
+    seen: list[torch.Tensor] = []
+    model.layers[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    ids = histories(3, L, [7, 4, 1])
+    model.encode(ids)
+    real = ids != PAD_ID
+    norm = model.emb_norm
+    expected = F.layer_norm(model.item_emb(ids), (18,), norm.weight, norm.bias, eps=norm.eps)
+    torch.testing.assert_close(seen[0][real], expected[real])
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "modules"])
+def test_the_ffn_is_gelu_at_four_times_the_width_then_residual_and_layernorm(
+    fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqrec.models import mamba4rec
+
+    if not fused:
+        monkeypatch.setattr(mamba4rec, "fused_ffn_applies", lambda x: False)
+    ffn = build().layers[0].ffn
+    assert ffn is not None
+    assert ffn.w_1.weight.shape == (4 * 18, 18)
+    h = torch.randn(2, 3, 18)
+    expected = ffn.norm(ffn.w_2(F.gelu(ffn.w_1(h))) + h)
+    torch.testing.assert_close(ffn(h), expected)
+    assert not torch.allclose(ffn(h), ffn.norm(ffn.w_2(F.relu(ffn.w_1(h))) + h))
 
 
 def test_padding_embedding_and_conv_bias_do_not_leak() -> None:

@@ -360,7 +360,10 @@ def selective_scan_cuda(
     *,
     return_last_state: bool = False,
 ) -> ScanResult:
-    """``mamba_ssm.ops.selective_scan_interface.selective_scan_fn`` (CUDA tensors only)."""
+    """``mamba_ssm.ops.selective_scan_interface.selective_scan_fn`` (CUDA tensors only).
+
+    Its backward pass takes the gradient of y only, so the last state is returned detached:
+    it says so, where an attached one would take a gradient the kernel then drops."""
     kernel = _mamba_kernel()
     if kernel is None:
         raise RuntimeError(f"scan 'cuda' needs the mamba-ssm kernel: {INSTALL_HINT}")
@@ -376,7 +379,7 @@ def selective_scan_cuda(
         return_last_state=return_last_state,
     )
     if return_last_state:
-        return out[0], out[1]
+        return out[0], out[1].detach()
     return out, None
 
 
