@@ -74,6 +74,24 @@ def test_residual_alpha_one_equals_seqrec_evaluate(residual_out: Path, trained_r
     assert positions["HR@10 at L"] == pytest.approx(result.metrics["HR@10"])
 
 
+def test_alpha_sweep_measures_mixing_and_validation_at_each_alpha(
+    residual_out: Path, trained_run: Path
+) -> None:
+    summary = json.loads((residual_out / "summary.json").read_text())
+    rows = {row["alpha"]: row for row in summary["alpha_sweep"]}
+    for kind in ("sum", "agg"):
+        # alpha = 0: nothing is added to the attention output, so +Res mixes as Attn does
+        assert rows[0.0][f"mixing_res_{kind}"] == pytest.approx(
+            rows[0.0][f"mixing_attn_{kind}"], rel=1e-6
+        )
+        assert rows[1.0][f"mixing_res_{kind}"] < rows[1.0][f"mixing_attn_{kind}"]
+        assert rows[0.5][f"mixing_res_{kind}"] != rows[1.0][f"mixing_res_{kind}"]
+    valid, _ = evaluate_run(
+        trained_run, split="valid", overrides={"protocol": "full", "filter_seen": True}
+    )
+    assert rows[1.0]["valid HR@10"] == valid.metrics["HR@10"]
+
+
 def test_residual_without_matplotlib_still_writes_tables(
     trained_run: Path,
     tmp_path: Path,

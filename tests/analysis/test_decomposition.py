@@ -56,6 +56,25 @@ def test_components_sum_to_what_the_block_computed(
         )
 
 
+@pytest.mark.parametrize("layout", ["pre_ln", "reference", "post_ln"])
+def test_without_an_output_bias_the_components_sum_to_the_layernorm_output_minus_beta(
+    batch: SeqBatch, layout: str
+) -> None:
+    """The specification's statement: sum_j g(y_ij) = LN(y_i) - beta. With an output bias
+    b_O, g(b_O) is one more term (the test above); without it there is none."""
+    model = tiny_sasrec(layout=layout)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.output_projection()[1].zero_()
+    _, records, _ = trace_encode(model, batch.input_ids)
+    for record in records:
+        parts = decompose(record)
+        assert float(parts.ln_bias.abs().max()) == 0.0
+        torch.testing.assert_close(
+            parts.ln.sum(2), record.ln_output - parts.beta, atol=ATOL, rtol=0
+        )
+
+
 def test_records_are_the_models_own_tensors_and_modules(model: SASRec, batch: SeqBatch) -> None:
     hidden, records, real = trace_encode(model, batch.input_ids)
     plain, _ = model.encode(batch.input_ids)

@@ -99,6 +99,36 @@ def test_full_shuffle_moves_the_last_item_and_seeds_are_reproducible() -> None:
     assert (shuffle_histories(histories, 6, "full", seed=1).items != full.items).any()
 
 
+def test_shuffle_evaluation_evaluates_the_shuffled_histories(
+    model: SASRec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqrec.analysis import residual
+
+    seen: list[Sequences] = []
+    real_evaluate = residual.evaluate
+
+    def recording(model: object, eval_set: EvalSet, *args: object, **kwargs: object) -> object:
+        seen.append(eval_set.histories)
+        return real_evaluate(model, eval_set, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(residual, "evaluate", recording)
+    rows = ROWS[:12]
+    held_out = eval_set(rows, targets=[1] * len(rows))
+    config = EvalConfig(filter_seen=False)
+    table = residual.shuffle_evaluation(
+        model, held_out, config, all_sequences=held_out.histories, num_items=20, seeds=(0, 1)
+    )
+    assert [row["condition"] for row in table] == ["original", "partial", "partial", "full", "full"]
+    max_len = model.config.max_seq_len
+    np.testing.assert_array_equal(seen[0].items, held_out.histories.items)
+    for histories, (mode, seed) in zip(
+        seen[1:], [("partial", 0), ("partial", 1), ("full", 0), ("full", 1)], strict=True
+    ):
+        expected = shuffle_histories(held_out.histories, max_len, mode, seed)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(histories.items, expected.items)
+        assert (histories.items != held_out.histories.items).any()
+
+
 def test_position_zero_ranks_match_the_evaluator_and_short_histories_miss(model: SASRec) -> None:
     rows = [[1, 2, 3, 4, 5, 6], [7, 8], [9], [10, 11, 12, 13]]
     test = eval_set(rows, targets=[20, 21, 22, 23])

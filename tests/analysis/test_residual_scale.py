@@ -79,6 +79,15 @@ def test_alpha_applies_to_every_block_and_the_last_only_path(
     torch.testing.assert_close(last[:, -1], hidden[:, -1])
 
 
+def test_duorec_scores_move_with_alpha(batch: SeqBatch) -> None:
+    duorec = tiny_model("duorec").eval()
+    assert isinstance(duorec, ResidualAnalyzable)
+    reference = duorec.score(batch.input_ids)
+    with residual_scale(duorec, 0.3):
+        assert not torch.allclose(duorec.score(batch.input_ids), reference)
+    assert torch.equal(duorec.score(batch.input_ids), reference)
+
+
 def test_context_manager_restores_after_an_error(model: SASRec) -> None:
     model.residual_scale = 0.7
     seen = []
