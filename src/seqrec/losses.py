@@ -82,7 +82,12 @@ def bpr_max(
     weights = _negative_softmax(neg_logits, valid)
     neg = neg_logits.masked_fill(weights == 0, 0.0)  # keeps masked gradients finite
     ranking = (weights * torch.sigmoid(pos_logits.unsqueeze(-1) - neg)).sum(-1)
-    return (-torch.log(ranking + 1e-24) + reg * (weights * neg.square()).sum(-1)).mean()
+    ranking_loss = -torch.log(ranking + 1e-24)
+    if valid is not None:
+        # A position with no valid negative has nothing to rank against: it adds 0 and still
+        # counts in the mean, as in bpr and top1_max (not -log(1e-24), about 55).
+        ranking_loss = ranking_loss.masked_fill(~valid.any(dim=-1), 0.0)
+    return (ranking_loss + reg * (weights * neg.square()).sum(-1)).mean()
 
 
 def top1_max(pos_logits: Tensor, neg_logits: Tensor, valid: Tensor | None = None) -> Tensor:

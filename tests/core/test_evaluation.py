@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -14,13 +16,15 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import ModelOutput, SeqBatch
-from seqrec.config import ConfigError, EvalConfig
+from seqrec.config import ConfigError, EvalConfig, SplitChoice
 from seqrec.data.idmap import IdMap
-from seqrec.data.sequences import EvalSet, Sequences
+from seqrec.data.sequences import EvalSet, PreparedData, Sequences
+from seqrec.data.split import leave_one_out
 from seqrec.evaluation import (
     NegativeSampler,
     chunk_users,
     evaluate,
+    evaluate_model,
     evaluate_variants,
     export_ranks,
     is_rank_file,
@@ -132,6 +136,90 @@ def test_sampled_protocol_ranks_among_the_candidates() -> None:
     assert ranks[2] == 3
     assert (ranks >= 1).all()
     assert (ranks <= 4).all()
+
+
+def test_uniform_negatives_are_equally_likely_and_follow_the_seed() -> None:
+    # 20,000 users who have seen only item 1 each draw one negative from items 2..9.
+    users = np.arange(20_000, dtype=np.int64)
+    seen_one = Sequences.from_lists([[1]] * len(users))
+    drawn = NegativeSampler(seen_one, N, None, seed=0).sample(users, 1).squeeze(1)
+    counts = torch.bincount(drawn, minlength=N + 1)
+    assert counts[:2].sum() == 0  # neither padding nor the seen item
+    share = counts[2:].double() / len(users)
+    # The binomial std of one share is sqrt(p (1 - p) / n) = 0.0023 at p = 1/8: allow 5 of them.
+    tolerance = 5 * math.sqrt(1 / 8 * 7 / 8 / len(users))
+    assert (share - 1 / 8).abs().max().item() < tolerance
+    reseeded = NegativeSampler(seen_one, N, None, seed=1).sample(users, 1).squeeze(1)
+    assert (reseeded != drawn).double().mean().item() > 0.8  # independent draws: 7/8 differ
+
+
+def test_eval_seed_reaches_the_sampled_protocol() -> None:
+    # Target item 1 scores 5.5 and item i scores i, so the rank (1 or 2) tells whether the one
+    # negative was below or above the target: rank 2 for half of the draws.
+    users = 2000
+    eval_set = EvalSet(
+        np.arange(users, dtype=np.int64),
+        Sequences.from_lists([[1]] * users),
+        np.ones(users, dtype=np.int32),
+    )
+    repeat_one = Sequences.from_lists([[1, 1]] * users)
+    weights = torch.tensor([100.0, 5.5, *range(2, N + 1)])
+
+    def ranks(seed: int) -> np.ndarray:
+        config = EvalConfig(protocol="sampled", num_negatives=1, seed=seed)
+        model = FixedScores(weights)
+        return evaluate(model, eval_set, config, all_sequences=repeat_one, num_items=N).ranks
+
+    first = ranks(seed=0)
+    assert abs((first == 2).mean() - 0.5) < 5 * math.sqrt(0.25 / users)
+    assert np.array_equal(ranks(seed=0), first)
+    assert (ranks(seed=1) != first).mean() > 0.3  # independent draws: half differ
+
+
+def test_sampled_protocol_ties_count_against_the_model() -> None:
+    # Constant scores: every negative ties with the target and is placed above it. User 2
+    # has two unseen items (8 and 9), so two negatives, not three.
+    ranks = run(EvalConfig(protocol="sampled", num_negatives=3), torch.ones(N + 1))
+    assert ranks.tolist() == [4, 4, 3, 4]
+
+
+def test_reported_ci95_is_the_normal_interval_of_the_per_user_values() -> None:
+    config = EvalConfig(ks=(1, 5))
+    result = evaluate(FixedScores(WEIGHTS), EVAL_SET, config, all_sequences=ALL, num_items=N)
+    assert result.ranks.tolist() == [1, 1, 3, 9]
+    per_user = {"HR@1": [1.0, 1.0, 0.0, 0.0], "NDCG@5": [1.0, 1.0, 0.5, 0.0]}
+    for name, values in per_user.items():
+        expected = 1.959964 * statistics.stdev(values) / math.sqrt(len(values))
+        assert math.isclose(result.ci95[name], expected, rel_tol=1e-9), name
+    assert math.isclose(result.ci95["HR@1"], 0.565793, rel_tol=1e-5)  # 1.96 * sqrt(1/3) / 2
+    flat = result.flat()
+    assert set(result.ci95) == set(result.metrics)
+    assert {name: flat[f"{name}_ci95"] for name in result.ci95} == result.ci95
+
+
+@pytest.mark.parametrize(("split", "target"), [("valid", 6), ("test", 7)])
+def test_evaluate_model_never_samples_the_target_or_any_item_of_the_sequence(
+    split: SplitChoice, target: int
+) -> None:
+    # Every evaluated user has seen items 1..7: under "valid" the history passed is 1..5, the
+    # target 6 and the later test item 7; only 8 and 9 may be drawn. Row 0 is too short to be
+    # evaluated and has seen exactly 8 and 9, so reading it for an evaluated user would also fail.
+    sequences = Sequences.from_lists([[8, 9]] + [[1, 2, 3, 4, 5, 6, 7]] * 20)
+    id_map = IdMap(users=[f"u{u}" for u in range(21)], items=[str(i) for i in range(1, N + 1)])
+    data = PreparedData("hand-made", "test", sequences, None, id_map, leave_one_out(sequences))
+    config = EvalConfig(protocol="sampled", num_negatives=2)
+
+    def model(unseen_score: float) -> FixedScores:
+        weights = torch.full((N + 1,), 10.0)  # every item of the sequence above the target
+        weights[target] = 5.0
+        weights[[8, 9]] = unseen_score
+        return FixedScores(weights)
+
+    below = evaluate_model(model(unseen_score=1.0), data, config, split=split)
+    assert below.users.tolist() == list(range(1, 21))
+    assert below.ranks.tolist() == [1] * 20  # nothing above the target was drawn
+    above = evaluate_model(model(unseen_score=20.0), data, config, split=split)
+    assert above.ranks.tolist() == [3] * 20  # and both unseen items were
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])

@@ -133,6 +133,14 @@ def test_gbce_by_hand_and_its_limits() -> None:
     )
 
 
+def test_gbce_pinned_beta() -> None:
+    """k = 2 negatives of N - 1 = 10 items: alpha = 0.2, and t = 0.75 gives
+    beta = 0.2 * (0.75 * (1 - 5) + 5) = 0.4, written out rather than recomputed."""
+    pos, neg = torch.tensor([0.5, -1.0]), torch.tensor([[0.2, -0.3], [1.0, 0.0]])
+    expected = -(0.4 * F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+    torch.testing.assert_close(gbce(pos, neg, num_items=11, t=0.75), expected)
+
+
 def test_bpr_by_hand() -> None:
     pos, neg = torch.tensor([1.0]), torch.tensor([[0.0, 3.0]])
     expected = -(F.logsigmoid(torch.tensor(1.0)) + F.logsigmoid(torch.tensor(-2.0))) / 2
@@ -172,3 +180,24 @@ def test_masked_negatives_are_as_if_absent_with_finite_gradients(name: str) -> N
     assert (neg.grad[:, 1] == 0).all()
     if name != "gbce":  # gbce's beta depends on the number of sampled negatives
         torch.testing.assert_close(value, loss(pos, neg[:, [0, 2]]))
+
+
+@pytest.mark.parametrize("name", ["bpr", "bpr_max", "top1_max"])
+def test_a_position_without_valid_negatives_adds_zero(name: str) -> None:
+    """A position whose negatives are all masked adds 0 and still counts in the mean (the
+    pairwise losses agree on this); the other positions' losses are unchanged."""
+    loss = LOSSES[name]
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randn(3, generator=g, requires_grad=True)
+    neg = torch.randn(3, 4, generator=g, requires_grad=True)
+    valid = torch.tensor([[True, False, True, True], [False] * 4, [True, True, False, True]])
+    kept = [0, 2]
+    value = loss(pos, neg, valid)
+    assert torch.isfinite(value)
+    torch.testing.assert_close(value, loss(pos[kept], neg[kept], valid[kept]) * 2 / 3)
+    value.backward()
+    assert pos.grad is not None
+    assert neg.grad is not None
+    assert torch.isfinite(neg.grad).all()
+    assert pos.grad[1] == 0
+    assert (neg.grad[1] == 0).all()

@@ -46,6 +46,18 @@ def test_sort_is_stable_on_timestamp_ties() -> None:
     ]
 
 
+def test_sort_keeps_file_order_on_heavy_ties_in_a_large_frame() -> None:
+    # Polars' default sort is unstable but happens to keep order on a handful of rows; a few
+    # thousand rows with three timestamps and seven users expose a lost maintain_order.
+    rows = 5000
+    users = [f"u{i % 7}" for i in range(rows)]
+    timestamps = [i % 3 for i in range(rows)]
+    df = frame([(users[i], str(i)) for i in range(rows)], timestamps)
+    file_order = sorted(range(rows), key=lambda i: (users[i], timestamps[i]))  # Python: stable
+    expected = [(users[i], str(i)) for i in file_order]
+    assert pairs_of(preprocess.sort_by_time(df)) == expected
+
+
 def test_sort_without_timestamps_keeps_file_order_within_a_user() -> None:
     df = frame([("b", "9"), ("a", "3"), ("b", "1"), ("a", "2")])
     assert pairs_of(preprocess.sort_by_time(df)) == [("a", "3"), ("a", "2"), ("b", "9"), ("b", "1")]

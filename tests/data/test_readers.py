@@ -67,6 +67,14 @@ def test_movielens_ratings_dat(tmp_path: Path) -> None:
     assert rows(df) == [("1", "1193", 978300760, 5.0), ("1", "661", 978302109, 3.0)]
 
 
+def test_movielens_ratings_dat_is_read_as_latin_1(tmp_path: Path) -> None:
+    # ML-1M's ratings.dat is Latin-1: byte 0xE9 is "é" there and an invalid byte in UTF-8.
+    path = tmp_path / "ratings.dat"
+    path.write_bytes(b"u\xe9::caf\xe9::4::978300760\n2::7::5::978300761\n")
+    df = read_interactions(path)
+    assert rows(df) == [("ué", "café", 978300760, 4.0), ("2", "7", 978300761, 5.0)]
+
+
 def test_movielens_u_data_is_tab_separated(tmp_path: Path) -> None:
     path = write(tmp_path / "u.data.gz", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n")
     assert detect_format(path) == "movielens"

@@ -12,7 +12,13 @@ import torch
 
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError
-from seqrec.models import MODELS, SequentialRecommender, build_model, build_model_config
+from seqrec.models import (
+    MODELS,
+    ScoringRecommender,
+    SequentialRecommender,
+    build_model,
+    build_model_config,
+)
 from tests.tiny import NUM_ITEMS, TINY_CONFIGS, tiny_model
 
 # Models that learn by counting, not by gradient descent: no parameters, nothing to overfit.
@@ -43,6 +49,10 @@ def test_loss_is_finite_and_reaches_every_parameter(
         loss.backward()
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not unused, f"parameters without gradient: {unused}"
+    zero = [
+        n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() == 0
+    ]
+    assert not zero, f"parameters whose gradient is all zero: {zero}"
 
 
 def test_trains_and_scores_under_bf16_autocast(
@@ -96,12 +106,19 @@ def test_state_dict_round_trip(model: SequentialRecommender, batch: SeqBatch) ->
     buffer.seek(0)
     clone = build_model(model.config)
     clone.load_state_dict(torch.load(buffer, weights_only=True))
+    assert list(clone.state_dict()) == list(model.state_dict())
     model.eval()
     clone.eval()
     torch.testing.assert_close(
         model.recommend(batch.input_ids, k=7, users=batch.users),
         clone.recommend(batch.input_ids, k=7, users=batch.users),
     )
+    if isinstance(model, ScoringRecommender):  # the whole ranking, not only its top
+        assert isinstance(clone, ScoringRecommender)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                model.score(batch.input_ids, batch.users), clone.score(batch.input_ids, batch.users)
+            )
 
 
 @pytest.mark.parametrize("name", sorted(set(MODELS.names()) - COUNTING_MODELS))
@@ -123,8 +140,11 @@ def test_overfits_one_batch(name: str, batch: SeqBatch) -> None:
 
 
 def test_unknown_model_name_lists_alternatives() -> None:
-    with pytest.raises(ConfigError, match="unknown model 'nope'; available: .*sasrec"):
+    with pytest.raises(ConfigError, match="unknown model 'nope'; available: ") as excinfo:
         build_model_config({"name": "nope"}, num_items=NUM_ITEMS)
+    # Split the list: a substring test would let "gsasrec" stand in for a missing "sasrec".
+    listed = str(excinfo.value).split("available: ", 1)[1].split(", ")
+    assert sorted(listed) == MODELS.names()
 
 
 def test_unknown_model_key_lists_valid_keys() -> None:

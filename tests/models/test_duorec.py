@@ -14,6 +14,7 @@ from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError
 from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import Sequences
+from seqrec.models import duorec as duorec_module
 from seqrec.models.duorec import DuoRec, DuoRecConfig, info_nce
 from seqrec.models.sasrec import SASRec, SASRecConfig
 from seqrec.training.loop import log_epoch, train_one_epoch
@@ -111,6 +112,38 @@ def test_loss_is_ce_plus_lambda_infonce_by_hand(
 ) -> None:
     model = build(dropout=0.0, **changes)
     torch.testing.assert_close(model(duo_batch).loss, loss_by_hand(model, duo_batch))
+
+
+@pytest.mark.parametrize("contrast", ["us_x", "un", "us"])
+def test_the_unsupervised_view_is_a_second_dropout_pass(
+    duo_batch: SeqBatch, contrast: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The by-hand tests run without dropout, where every pass is the same view: here the
+    unsupervised view must be a fresh dropout draw, not the training pass reused."""
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def recording(first: torch.Tensor, second: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        calls.append((first.detach(), second.detach()))
+        return info_nce(first, second, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(duorec_module, "info_nce", recording)
+    for dropout in (0.5, 0.0):
+        calls.clear()
+        model = build(dropout=dropout, contrast=contrast)
+        hidden = model(duo_batch).hidden
+        assert hidden is not None
+        trained = hidden[:, -1].detach()  # the training pass's newest state
+        # us_x contrasts the dropout view with the same-target one; un and us put the
+        # training pass first and the dropout view second (us: in its first term).
+        if contrast == "us_x":
+            unsupervised = calls[0][0]
+        else:
+            torch.testing.assert_close(calls[0][0], trained)
+            unsupervised = calls[0][1]
+        if dropout > 0:
+            assert not torch.allclose(unsupervised, trained)
+        else:
+            torch.testing.assert_close(unsupervised, trained)
 
 
 def test_the_loss_reports_its_two_terms(duo_batch: SeqBatch) -> None:

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, SeqBatch
-from seqrec.models.sasrec import SASRec, SASRecConfig
-from tests.tiny import NUM_ITEMS, NUM_USERS, L
+from seqrec.models.sasrec import Block, SASRec, SASRecConfig, SelfAttention
+from seqrec.nn.masks import padding_bias
+from tests.tiny import NUM_ITEMS, NUM_USERS, B, L
 
 CONFIG = SASRecConfig(
     num_items=NUM_ITEMS, num_users=NUM_USERS, max_seq_len=L, hidden_size=18, num_heads=2
@@ -24,16 +25,23 @@ def build(**changes: object) -> SASRec:
     return SASRec(dataclasses.replace(CONFIG, **changes)).eval()
 
 
-def test_causal_future_items_do_not_change_the_past(batch: SeqBatch) -> None:
-    model = build()
-    t = 4
-    changed = batch.input_ids.clone()
-    changed[:, t:] = torch.randint(1, NUM_ITEMS + 1, changed[:, t:].shape)
-    before, _ = model.encode(batch.input_ids)
-    after, _ = model.encode(changed)
-    real = (batch.input_ids != PAD_ID)[:, :t]
-    torch.testing.assert_close(before[:, :t][real], after[:, :t][real])
-    assert not torch.allclose(before[:, t:], after[:, t:])  # the future itself did change
+LAYOUTS = ["pre_ln", "reference", "post_ln"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_causal_future_items_do_not_change_the_past(layout: str) -> None:
+    """For every t, a different item at every position >= t moves nothing before t, in any row."""
+    model = build(layout=layout)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, NUM_ITEMS + 1, (B, L), generator=g)  # no padding: every row, every t
+    before, _ = model.encode(ids)
+    for t in range(1, L):
+        changed = ids.clone()
+        changed[:, t:] = ids[:, t:] % NUM_ITEMS + 1  # another item at each future position
+        after, _ = model.encode(changed)
+        torch.testing.assert_close(after[:, :t], before[:, :t], msg=f"t={t}")
+        moved = (after[:, t:] - before[:, t:]).abs().amax(dim=(1, 2))  # (B,)
+        assert (moved > 1e-3).all(), f"t={t}: the future itself did not change in every row"
 
 
 @pytest.mark.parametrize(
@@ -44,12 +52,17 @@ def test_causal_future_items_do_not_change_the_past(batch: SeqBatch) -> None:
 def test_padding_invariance_extra_left_padding_changes_nothing(
     batch: SeqBatch, changes: dict[str, object]
 ) -> None:
-    model = build(**changes)
-    padded = F.pad(batch.input_ids, (3, 0), value=PAD_ID)[:, -L:]  # shift right by 3 columns
-    short = batch.input_ids[:, 3:]  # the same rows, 3 fewer columns (row 0 loses items)
-    rows = (batch.input_ids[:, :3] == PAD_ID).all(dim=1)  # rows with >= 3 padding columns
-    torch.testing.assert_close(model.score(short)[rows], model.score(batch.input_ids)[rows])
-    assert padded.shape == batch.input_ids.shape
+    model = build(max_seq_len=L + 3, **changes)  # room for 3 more columns than the batch has
+    ids = batch.input_ids
+    short = ids[:, 3:]  # the same rows, 3 fewer columns (row 0 loses items)
+    rows = (ids[:, :3] == PAD_ID).all(dim=1)  # rows with >= 3 padding columns
+    torch.testing.assert_close(model.score(short)[rows], model.score(ids)[rows])
+    padded = F.pad(ids, (3, 0), value=PAD_ID)  # (B, L + 3): every row, 3 more padding columns
+    real = ids != PAD_ID
+    hidden, _ = model.encode(ids)
+    hidden_padded, _ = model.encode(padded)
+    torch.testing.assert_close(hidden_padded[:, 3:][real], hidden[real])
+    torch.testing.assert_close(model.score(padded), model.score(ids))
 
 
 def test_padding_tokens_do_not_influence_real_positions(batch: SeqBatch) -> None:
@@ -282,3 +295,184 @@ def test_bert_dropout_placement_drops_attention_weights_and_sublayer_outputs() -
     assert bert.blocks[0].attn.dropout == CONFIG.dropout > 0
     assert bert.blocks[0].dropout.p == CONFIG.dropout
     assert bert.blocks[0].ffn.dropout.p == 0.0
+
+
+def perturbed(model: SASRec) -> SASRec:
+    """``model`` with every parameter moved off its initial value: LayerNorms away from (1, 0)
+    and biases away from 0, so that swapping two of them, or dropping one, shows."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    return model
+
+
+def allowed_keys(ids: Tensor) -> Tensor:
+    """(B, L) -> (B, L, L) bool: query i may attend to real keys j <= i, and to itself."""
+    real = ids != PAD_ID
+    allowed = torch.tril(torch.ones(L, L, dtype=torch.bool)) & real[:, None, :]
+    return allowed | torch.eye(L, dtype=torch.bool)
+
+
+def attention_by_hand(
+    attn: SelfAttention, queries: Tensor, keys_values: Tensor, allowed: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Multi-head attention written out one head at a time: head h owns rows h*d:(h+1)*d of
+    W^Q, W^K and W^V (d = D / H); softmax(Q_h K_h^T / sqrt(d)) V_h; the heads concatenated in
+    order, then W^O. Returns the output (B, L, D) and the weights (B, H, L, L)."""
+    D = queries.size(-1)
+    H = attn.num_heads
+    d = D // H
+    W, b = attn.qkv.weight, attn.qkv.bias
+    W_O, b_O = attn.output_projection()
+    heads, weights = [], []
+    for h in range(H):
+        rows = slice(h * d, (h + 1) * d)
+        q = queries @ W[:D][rows].T + b[:D][rows]
+        k = keys_values @ W[D : 2 * D][rows].T + b[D : 2 * D][rows]
+        v = keys_values @ W[2 * D :][rows].T + b[2 * D :][rows]
+        logits = (q @ k.transpose(1, 2) / d**0.5).masked_fill(~allowed, float("-inf"))
+        weights.append(torch.softmax(logits, dim=-1))
+        heads.append(weights[-1] @ v)
+    return torch.cat(heads, dim=-1) @ W_O.T + b_O, torch.stack(weights, dim=1)
+
+
+def block_by_hand(block: Block, x: Tensor, allowed: Tensor, layout: str, residual: bool) -> Tensor:
+    """One block's formula (ReLU FFN); without ``residual`` every skip term is dropped:
+    pre_ln   h = x + Attn(LN1 x),                  out = h + FFN(LN2 h)
+    reference h = LN1 x + Attn(q = LN1 x, kv = x), out = LN2 h + FFN(LN2 h)
+    post_ln  h = LN1(x + Attn(x)),                 out = LN2(h + FFN(h))"""
+    keep = 1.0 if residual else 0.0
+
+    def ffn(t: Tensor) -> Tensor:
+        out: Tensor = block.ffn.fc2(torch.relu(block.ffn.fc1(t)))
+        return out
+
+    if layout == "post_ln":
+        h = block.ln_attn(keep * x + attention_by_hand(block.attn, x, x, allowed)[0])
+        return block.ln_ffn(keep * h + ffn(h))
+    n = block.ln_attn(x)
+    if layout == "reference":
+        m = block.ln_ffn(keep * n + attention_by_hand(block.attn, n, x, allowed)[0])
+        return keep * m + ffn(m)
+    h = keep * x + attention_by_hand(block.attn, n, n, allowed)[0]
+    return keep * h + ffn(block.ln_ffn(h))
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "no_residual"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_blocks_match_their_formula_by_hand(batch: SeqBatch, layout: str, residual: bool) -> None:
+    """Two heads, every layout, with and without residual connections, block by block."""
+    model = perturbed(build(layout=layout, residual=residual, num_heads=2))
+    ids = batch.input_ids
+    real = ids != PAD_ID
+    x = model.embed(ids)
+    for block in model.blocks:
+        x = block_by_hand(block, x, allowed_keys(ids), layout, residual)
+    hidden, _ = model.encode(ids)
+    torch.testing.assert_close(hidden[real], model.ln_f(x)[real])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_residual_false_removes_the_residual_connections(batch: SeqBatch, layout: str) -> None:
+    """The switch changes the function, not the parameters: same seed, same weights."""
+    default, plain = build(layout=layout), build(layout=layout, residual=False)
+    weights, plain_weights = default.state_dict(), plain.state_dict()
+    assert weights.keys() == plain_weights.keys()
+    assert all(torch.equal(weights[name], plain_weights[name]) for name in weights)
+    real = batch.input_ids != PAD_ID
+    hidden, _ = default.encode(batch.input_ids)
+    plain_hidden, _ = plain.encode(batch.input_ids)
+    assert not torch.allclose(hidden[real], plain_hidden[real], atol=1e-3)
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 3, 6])
+def test_attention_sublayer_splits_and_merges_heads_as_by_hand(
+    batch: SeqBatch, num_heads: int
+) -> None:
+    model = perturbed(build(num_heads=num_heads))
+    attn = model.blocks[0].attn
+    ids = batch.input_ids
+    real = ids != PAD_ID
+    x = torch.randn(*ids.shape, CONFIG.hidden_size, generator=torch.Generator().manual_seed(2))
+    expected, expected_weights = attention_by_hand(attn, x, x, allowed_keys(ids))
+    mask = padding_bias(real, causal=True, dtype=x.dtype)
+    fast, _ = attn(x, mask)
+    readable, weights = attn(x, mask, need_weights=True)
+    assert weights is not None
+    torch.testing.assert_close(fast[real], expected[real])
+    torch.testing.assert_close(readable[real], expected[real])
+    queries = real[:, None, :].expand(-1, num_heads, -1)  # (B, H, L) real query rows
+    torch.testing.assert_close(weights[queries], expected_weights[queries])
+
+
+def test_two_heads_differ_from_one_head_with_the_same_weights(batch: SeqBatch) -> None:
+    two = build(num_heads=2)
+    one = build(num_heads=1)
+    one.load_state_dict(two.state_dict())  # the head count adds no parameters
+    real = batch.input_ids != PAD_ID
+    assert not torch.allclose(
+        one.encode(batch.input_ids)[0][real], two.encode(batch.input_ids)[0][real]
+    )
+
+
+DROPOUT_SITES = {
+    "paper": {"embeddings", "sublayer_outputs"},
+    "reference": {"embeddings", "attention_weights", "ffn_layers"},
+    "bert": {"embeddings", "attention_weights", "sublayer_outputs"},
+}
+
+
+def random_sites(model: SASRec, ids: Tensor) -> set[str]:
+    """The places where two training-mode passes over the same input differ."""
+    real = ids != PAD_ID
+    x = model.eval().embed(ids)
+    mask = padding_bias(real, causal=True, dtype=x.dtype)
+    block = model.blocks[0]
+    runs: dict[str, Callable[[], Tensor]] = {
+        "embeddings": lambda: model.embed(ids),
+        "attention_weights": lambda: block.attn(x, mask)[0],
+        "ffn_layers": lambda: block.ffn(x),
+        "sublayer_outputs": lambda: block.dropout(x),
+    }
+    model.train()
+    return {site for site, run in runs.items() if not torch.allclose(run()[real], run()[real])}
+
+
+@pytest.mark.parametrize("placement", list(DROPOUT_SITES))
+def test_dropout_is_random_in_training_only(batch: SeqBatch, placement: str) -> None:
+    ids = batch.input_ids
+    real = ids != PAD_ID
+    model = build(dropout=0.3, dropout_placement=placement)
+    assert random_sites(model, ids) == DROPOUT_SITES[placement]
+    x = model.eval().embed(ids)
+    mask = padding_bias(real, causal=True, dtype=x.dtype)
+    block = model.blocks[0]
+    torch.testing.assert_close(block(x, mask)[0], block(x, mask)[0])
+    torch.testing.assert_close(model.encode(ids)[0], model.encode(ids)[0])
+    model.train()  # the block applies its dropout, and so does the whole model
+    assert not torch.allclose(block(x, mask)[0][real], block(x, mask)[0][real])
+    calls: list[Tensor] = []
+    hook = block.dropout.register_forward_hook(lambda module, args, out: calls.append(out))
+    block(x, mask)
+    hook.remove()
+    assert len(calls) == 2  # the sublayer dropout wraps both sublayers' outputs
+    assert not torch.allclose(model.encode(ids)[0][real], model.encode(ids)[0][real])
+    deterministic = build(dropout=0.0, dropout_placement=placement)
+    assert random_sites(deterministic, ids) == set()
+    torch.testing.assert_close(deterministic.encode(ids)[0], deterministic.encode(ids)[0])
+
+
+def test_unshared_output_embedding_is_what_scores(batch: SeqBatch) -> None:
+    """shared_embedding: false scores with N: with N = 0 every item scores the same, while
+    with the input embedding M = 0 (positions only) the items still score differently."""
+    model = build(shared_embedding=False)
+    assert model.out_emb is not None
+    with torch.no_grad():
+        model.out_emb.weight.zero_()
+    scores = model.score(batch.input_ids)
+    torch.testing.assert_close(scores, scores[:, :1].expand_as(scores))
+    model = build(shared_embedding=False)
+    with torch.no_grad():
+        model.item_emb.weight.zero_()
+    scores = model.score(batch.input_ids)[:, 1:]  # (B, N) without the padding column
+    assert (scores.std(dim=1) > 1e-3).all()

@@ -1,5 +1,5 @@
-"""BPR-MF, FMC, FPMC, TransRec and FISM: what each score depends on, scores by hand, and
-training logits that agree with ``score``."""
+"""PopRec, BPR-MF, FMC, FPMC, TransRec and FISM: what each score depends on, scores by hand,
+and training logits that agree with ``score``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from seqrec.config import ConfigError
 from seqrec.losses import bpr
 from seqrec.models import ScoringRecommender, build_model_config
 from seqrec.models.fism import FISM
+from seqrec.models.fmc import FMC
 from seqrec.models.fpmc import FPMC
 from seqrec.models.transrec import TransRec, TransRecConfig
 from tests.tiny import NUM_ITEMS, NUM_USERS, tiny_model
@@ -49,6 +50,33 @@ def test_first_order_scores_depend_only_on_the_last_item(
     last = batch.input_ids.clone()
     last[:, -1] = last[:, -1] % NUM_ITEMS + 1  # a different newest item in every row
     assert not torch.isclose(model.score(last, batch.users), scores).all(dim=1).any()
+
+
+def test_pop_ranks_by_training_popularity() -> None:
+    """Targets counted over two training batches: 5 four times, 2 three, 9 two, 30 once; the
+    order is neither the ids' nor that of first appearance."""
+    model = tiny_model("pop").train()
+    first = torch.tensor([[PAD_ID, 30, 9, 2, 5], [PAD_ID, PAD_ID, PAD_ID, 5, 2]])
+    second = torch.tensor([[PAD_ID, PAD_ID, 5, 2, 9], [PAD_ID, PAD_ID, PAD_ID, PAD_ID, 5]])
+    for labels in (first, second):
+        inputs = torch.where(labels != PAD_ID, labels % NUM_ITEMS + 1, PAD_ID)  # never counted
+        model(SeqBatch(input_ids=inputs, labels=labels))
+    thirties = torch.full((1, 5), 30)
+    model.eval()(SeqBatch(input_ids=thirties, labels=thirties))  # evaluation does not count
+    history = torch.tensor([[PAD_ID, 5, 2], [PAD_ID, PAD_ID, 7]])
+    top = model.recommend(history, k=4, exclude_seen=False)
+    assert top.tolist() == [[5, 2, 9, 30]] * 2
+
+
+def test_fmc_previous_and_next_embeddings_are_separate() -> None:
+    """N (an item as the previous one) and M (as the next) are two matrices, so a transition
+    i -> j may score differently from j -> i; one shared matrix would make them symmetric."""
+    model = make("fmc")
+    assert isinstance(model, FMC)
+    assert model.prev_emb.weight.data_ptr() != model.next_emb.weight.data_ptr()
+    items = torch.arange(1, NUM_ITEMS + 1)
+    after = model.score(items.unsqueeze(1))[:, 1:]  # (N, N): row i, column j = score(j | i)
+    assert not torch.allclose(after, after.T)
 
 
 def test_bpr_scores_depend_on_the_user_not_the_history(batch: SeqBatch) -> None:
