@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from seqrec.config import ConfigError
-from seqrec.serving.http import bind, create_app
-from seqrec.serving.predictor import Predictor
+from seqrec.serving.http import MAX_BATCH, MAX_K, bind, create_app
+from seqrec.serving.predictor import Predictor, Recommendation
+from tests.cli.helpers import tiny_raw, train_isolated
 from tests.training.http_client import call, served
 
 
@@ -115,6 +116,33 @@ def test_malformed_requests_get_422_naming_the_field(
     assert any(field in error["loc"] for error in answer["detail"])
 
 
+@pytest.mark.parametrize(
+    ("route", "field", "limit"),
+    [
+        ("/recommend", "k", MAX_K),
+        ("/recommend/batch", "k", MAX_K),
+        ("/recommend/batch", "histories", MAX_BATCH),
+    ],
+)
+def test_a_request_over_a_limit_is_422_naming_it_and_serving_goes_on(
+    base: str, items: list[str], route: str, field: str, limit: int
+) -> None:
+    def request(size: int) -> dict[str, Any]:
+        """A body whose ``field`` has ``size``: k itself, or that many histories."""
+        body: dict[str, Any] = {"k": size} if field == "k" else {}
+        if route == "/recommend":
+            return body | {"history": items[:3]}
+        return body | {"histories": [items[:3]] * (size if field == "histories" else 2)}
+
+    assert call(base, route, request(limit))[0] == 200
+    status, answer = call(base, route, request(limit + 1))
+    assert status == 422
+    (error,) = answer["detail"]
+    assert error["loc"] == ["body", field]
+    assert str(limit) in error["msg"]
+    assert call(base, "/recommend", {"history": items[:3]})[0] == 200
+
+
 def test_broken_json_and_bad_paths_get_clear_errors(base: str) -> None:
     status, answer = call(base, "/recommend", raw=b'{"history": [1, 2')
     assert status == 422
@@ -158,6 +186,64 @@ def test_concurrent_requests_get_their_own_answers(base: str, items: list[str]) 
     for thread in threads:
         thread.join(timeout=60)
     assert [together[i] for i in range(len(histories))] == alone
+
+
+RECREC = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
+RECREC_STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
+
+
+@pytest.fixture(scope="module")
+def recrec_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A RecRec stage-2 run, one epoch per stage (seconds): its depth is an inference setting."""
+    root = tmp_path_factory.mktemp("recrec-run")
+    raw = tiny_raw(model=RECREC, train={"max_epochs": 1})
+    stage_1 = train_isolated(raw, root / "stage1", root / "cache")
+    raw = tiny_raw(
+        model={**RECREC, **RECREC_STAGE_2}, train={"max_epochs": 1, "init_from": str(stage_1)}
+    )
+    return train_isolated(raw, root / "stage2", root / "cache")
+
+
+def test_settings_of_one_request_do_not_leak_into_concurrent_ones(recrec_run: Path) -> None:
+    shallow = {"depth": 0}
+    # The expected answers come from predictors loaded with each depth, asked one at a time
+    # and never given per-call settings.
+    loaded = {False: Predictor.from_run_dir(recrec_run)}
+    loaded[True] = Predictor.from_run_dir(recrec_run, settings=shallow)
+    items = list(loaded[False].id_map.items)
+    histories = [items[i : i + 3 + i % 7] for i in range(0, 60, 5)]
+    expected: dict[tuple[int, bool], Recommendation] = {}  # (history, shallow) -> answer
+    for index, history in enumerate(histories):
+        for is_shallow, predictor in loaded.items():
+            expected[index, is_shallow] = predictor.recommend([history], 5)[0]
+        assert expected[index, True].scores != pytest.approx(expected[index, False].scores)
+    # each history asked 4 times, twice shallow; thread t asks every 6th request from t on
+    asked = [(index, (index + rep) % 2 == 1) for rep in range(4) for index in range(len(histories))]
+    answers: dict[int, tuple[int, Any]] = {}
+
+    def ask(url: str, thread: int) -> None:
+        for n in range(thread, len(asked), 6):
+            index, is_shallow = asked[n]
+            body = {"history": histories[index], "k": 5} | (
+                {"settings": shallow} if is_shallow else {}
+            )
+            answers[n] = call(url, "/recommend", body)
+
+    with served(create_app(Predictor.from_run_dir(recrec_run))) as url:
+        threads = [threading.Thread(target=ask, args=(url, i)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        later = call(url, "/recommend", {"history": histories[0], "k": 5})
+    assert sorted(answers) == list(range(len(asked)))
+    for n, (index, is_shallow) in enumerate(asked):
+        status, body = answers[n]
+        assert status == 200
+        assert body["items"] == expected[index, is_shallow].items, (index, is_shallow)
+        assert body["scores"] == pytest.approx(expected[index, is_shallow].scores, abs=1e-5)
+    assert later[1]["items"] == expected[0, False].items  # the loaded depth is back
+    assert later[1]["scores"] == pytest.approx(expected[0, False].scores, abs=1e-5)
 
 
 def test_seqrec_serve_listens_answers_and_stops_on_sigint(tiny_run: Path) -> None:

@@ -4,13 +4,15 @@ routes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from annotated_types import MaxLen
 
-from seqrec.serving.http import create_app
+from seqrec.serving.http import SessionId, create_app
 from seqrec.serving.predictor import Predictor, Recommendation
 from seqrec.serving.sessions import SessionStore
 from tests.cli.helpers import tiny_raw, train_isolated
@@ -83,6 +85,57 @@ def test_an_unknown_item_leaves_the_session_unchanged(
     assert_same(store.append("u", items[9]), predictor.recommend([[*items[:4], items[9]]])[0])
 
 
+def test_appends_step_the_state_without_encoding_the_history_again(
+    predictor: Predictor, items: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    history = [items[5], items[12], *items[30:36], items[5], items[70]]
+    expected = [predictor.recommend([history[:end]], 8)[0] for end in range(2, len(history) + 1)]
+    calls = {"init_state": 0, "step": 0}
+
+    def counted(name: str) -> Callable[..., Any]:
+        real = getattr(predictor.model, name)
+
+        def wrapper(*args: Any) -> Any:
+            calls[name] += 1
+            return real(*args)
+
+        return wrapper
+
+    for name in calls:  # on the instance only; undone when the test ends
+        monkeypatch.setitem(vars(predictor.model), name, counted(name))
+    store = SessionStore(predictor)
+    answers = [store.start("u", history[:2], k=8)]
+    answers += [store.append("u", item, k=8) for item in history[2:]]
+    assert calls == {"init_state": 1, "step": len(history) - 2}
+    for answer, recommended in zip(answers, expected, strict=True):
+        assert_same(answer, recommended)
+
+
+def test_unknown_ids_at_the_start_are_reported(predictor: Predictor, items: list[str]) -> None:
+    store = SessionStore(predictor)
+    started = store.start("u", ["zz", items[2], items[8]], k=5)
+    assert started.error is None
+    assert started.unknown == ["zz"]
+    assert_same(started, predictor.recommend([[items[2], items[8]]], 5)[0])
+    after = store.append("u", items[9], k=5)
+    assert_same(after, predictor.recommend([[items[2], items[8], items[9]]], 5)[0])
+
+
+@pytest.mark.parametrize("history", [["zz-1", "zz-2"], []], ids=["unknown", "empty"])
+def test_a_refused_restart_keeps_the_session_held(
+    predictor: Predictor, items: list[str], history: list[str]
+) -> None:
+    store = SessionStore(predictor)
+    store.start("u", items[:4])
+    store.append("u", items[9])
+    refused = store.start("u", history)
+    assert refused.error is not None
+    assert refused.unknown == history
+    assert "u" in store
+    after = store.append("u", items[11])
+    assert_same(after, predictor.recommend([[*items[:4], items[9], items[11]]])[0])
+
+
 def test_histories_without_known_items_start_nothing(predictor: Predictor) -> None:
     store = SessionStore(predictor)
     assert store.start("u", []).error == "empty history"
@@ -114,24 +167,31 @@ def test_models_without_a_recurrent_state_have_no_sessions(tiny_run: Path) -> No
         SessionStore(Predictor.from_run_dir(tiny_run))
 
 
+SERVED_SESSIONS = 3  # max_sessions of the served app: small, to reach it in a test
+
+
 @pytest.fixture(scope="module")
 def base(predictor: Predictor) -> Iterator[str]:
-    with served(create_app(predictor, max_sessions=3)) as url:
+    with served(create_app(predictor, max_sessions=SERVED_SESSIONS)) as url:
         yield url
 
 
+def assert_same_json(answer: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert answer["items"] == expected["items"]
+    assert answer["unknown"] == expected["unknown"]
+    assert answer["scores"] == pytest.approx(expected["scores"], abs=1e-4)
+
+
 def test_session_routes_answer_as_recommend(base: str, items: list[str]) -> None:
-    history = items[20:26]
+    history = ["zz", *items[20:26]]
     status, started = call(base, "/sessions/user-1", {"history": history, "k": 6}, method="PUT")
     assert status == 200
-    assert started == call(base, "/recommend", {"history": history, "k": 6})[1] | {
-        "scores": pytest.approx(started["scores"], abs=1e-4)
-    }
+    assert started["unknown"] == ["zz"]
+    assert_same_json(started, call(base, "/recommend", {"history": history, "k": 6})[1])
     status, after = call(base, "/sessions/user-1/events", {"item": items[60], "k": 6})
     assert status == 200
-    expected = call(base, "/recommend", {"history": [*history, items[60]], "k": 6})[1]
-    assert after["items"] == expected["items"]
-    assert after["scores"] == pytest.approx(expected["scores"], abs=1e-4)
+    expected = call(base, "/recommend", {"history": [*history[1:], items[60]], "k": 6})[1]
+    assert_same_json(after, expected)
     assert call(base, "/health")[1]["sessions"] >= 1
     assert call(base, "/sessions/user-1", method="DELETE") == (204, None)
     status, missing = call(base, "/sessions/user-1/events", {"item": items[61]})
@@ -139,11 +199,54 @@ def test_session_routes_answer_as_recommend(base: str, items: list[str]) -> None
     assert "PUT /sessions/user-1 with the history" in missing["detail"]
 
 
+def test_the_server_drops_the_least_recently_used_session(base: str, items: list[str]) -> None:
+    first, second, *others = [f"lru-{i}" for i in range(SERVED_SESSIONS)]
+    for i, session in enumerate([first, second, *others]):
+        history = items[3 * i : 3 * i + 3]
+        assert call(base, f"/sessions/{session}", {"history": history}, method="PUT")[0] == 200
+    assert call(base, f"/sessions/{first}/events", {"item": items[30]})[0] == 200  # used last
+    assert call(base, "/sessions/lru-new", {"history": items[40:43]}, method="PUT")[0] == 200
+    assert call(base, "/health")[1]["sessions"] == SERVED_SESSIONS
+    status, missing = call(base, f"/sessions/{second}/events", {"item": items[31]})
+    assert status == 404
+    assert "dropped as the least recently used" in missing["detail"]
+    assert call(base, f"/sessions/{first}/events", {"item": items[31]})[0] == 200
+
+
+def longest_session_id() -> int:
+    """The session id length limit the routes declare (``SessionId`` in seqrec.serving.http)."""
+    (path,) = SessionId.__metadata__
+    return next(rule.max_length for rule in path.metadata if isinstance(rule, MaxLen))
+
+
+def test_a_session_id_over_the_limit_is_422_and_serving_goes_on(
+    base: str, items: list[str]
+) -> None:
+    longest = "s" * longest_session_id()
+    assert call(base, f"/sessions/{longest}", {"history": items[:3]}, method="PUT")[0] == 200
+    too_long = longest + "s"
+    for method, path, body in [
+        ("PUT", f"/sessions/{too_long}", {"history": items[:3]}),
+        ("POST", f"/sessions/{too_long}/events", {"item": items[4]}),
+        ("DELETE", f"/sessions/{too_long}", None),
+    ]:
+        status, answer = call(base, path, body, method=method)
+        assert status == 422, method
+        (error,) = answer["detail"]
+        assert error["loc"] == ["path", "session_id"]
+        assert f"at most {len(longest)} characters" in error["msg"]
+    assert call(base, f"/sessions/{longest}/events", {"item": items[4]})[0] == 200
+
+
 def test_session_routes_refuse_bad_requests(base: str, items: list[str]) -> None:
     call(base, "/sessions/u2", {"history": items[:3]}, method="PUT")
     status, answer = call(base, "/sessions/u2/events", {"item": "nope"})
     assert status == 422
     assert "'nope' is not in the model's catalogue; session unchanged" in answer["detail"]
+    status, answer = call(base, "/sessions/u2", {"history": ["a", "b"]}, method="PUT")
+    assert status == 422
+    assert answer["detail"]["unknown"] == ["a", "b"]
+    assert call(base, "/sessions/u2/events", {"item": items[4]})[0] == 200  # still held
     assert call(base, "/sessions/u2/events", {"items": [items[4]]})[0] == 422
     status, answer = call(base, "/sessions/u3", {"history": ["a", "b"]}, method="PUT")
     assert status == 422
