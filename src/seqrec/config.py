@@ -16,11 +16,15 @@ import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 C = TypeVar("C")
+D = TypeVar("D", bound="DataclassInstance")
 
 SplitName = Literal["leave_one_out", "global_temporal"]
 FileFormat = Literal["auto", "csv", "tsv", "parquet", "movielens", "pairs", "sequences"]
@@ -367,6 +371,13 @@ def from_dict(cls: type[C], data: Mapping[str, Any], section: str = "") -> C:
         return cls(**values)
     except TypeError as err:
         raise ConfigError(f"{section or cls.__name__}: {err}") from None
+
+
+def replace_checked(config: D, changes: Mapping[str, Any], section: str) -> D:
+    """``config`` with ``changes`` applied and checked as ``from_dict`` checks a config file:
+    unknown keys, ill-typed and out-of-range values are ``ConfigError``s naming
+    ``section.key``."""
+    return from_dict(type(config), {**dataclasses.asdict(config), **changes}, section)
 
 
 SECTIONS = ("data", "model", "train", "eval", "tokenizer")

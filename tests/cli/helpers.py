@@ -54,6 +54,22 @@ def train_isolated(raw: dict[str, dict[str, Any]], run_dir: Path, cache_dir: Pat
     return run_dir
 
 
+RECREC = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
+RECREC_STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
+
+
+def train_recrec_stage_2(root: Path) -> Path:
+    """A tiny RecRec trained one epoch per stage (seconds), stage 2 from stage 1, in ``root``:
+    a run whose inference depth is a setting."""
+    stage_1 = train_isolated(
+        tiny_raw(model=RECREC, train={"max_epochs": 1}), root / "stage1", root / "cache"
+    )
+    raw = tiny_raw(
+        model={**RECREC, **RECREC_STAGE_2}, train={"max_epochs": 1, "init_from": str(stage_1)}
+    )
+    return train_isolated(raw, root / "stage2", root / "cache")
+
+
 def cli_env() -> dict[str, str]:
     """The current (test-isolated) environment, for a subprocess: offline, temporary cache."""
     env = dict(os.environ)

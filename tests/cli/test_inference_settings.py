@@ -7,20 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.helpers import one_error_line, run_seqrec, tiny_raw, train_isolated
-
-MODEL = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
-STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
+from tests.cli.helpers import one_error_line, run_seqrec, train_recrec_stage_2
 
 
 @pytest.fixture(scope="module")
 def stage_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("recrec-cli")
-    stage_1 = train_isolated(
-        tiny_raw(model=MODEL, train={"max_epochs": 1}), root / "stage1", root / "cache"
-    )
-    raw = tiny_raw(model={**MODEL, **STAGE_2}, train={"max_epochs": 1, "init_from": str(stage_1)})
-    return train_isolated(raw, root / "stage2", root / "cache")
+    return train_recrec_stage_2(tmp_path_factory.mktemp("recrec-cli"))
 
 
 def evaluate_json(run: Path, *args: str) -> dict[str, float]:

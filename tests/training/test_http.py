@@ -23,7 +23,7 @@ import pytest
 from seqrec.config import ConfigError
 from seqrec.serving.http import MAX_BATCH, MAX_K, bind, create_app
 from seqrec.serving.predictor import Predictor, Recommendation
-from tests.cli.helpers import tiny_raw, train_isolated
+from tests.cli.helpers import train_recrec_stage_2
 from tests.training.http_client import call, served
 
 
@@ -188,20 +188,10 @@ def test_concurrent_requests_get_their_own_answers(base: str, items: list[str]) 
     assert [together[i] for i in range(len(histories))] == alone
 
 
-RECREC = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
-RECREC_STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
-
-
 @pytest.fixture(scope="module")
 def recrec_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A RecRec stage-2 run, one epoch per stage (seconds): its depth is an inference setting."""
-    root = tmp_path_factory.mktemp("recrec-run")
-    raw = tiny_raw(model=RECREC, train={"max_epochs": 1})
-    stage_1 = train_isolated(raw, root / "stage1", root / "cache")
-    raw = tiny_raw(
-        model={**RECREC, **RECREC_STAGE_2}, train={"max_epochs": 1, "init_from": str(stage_1)}
-    )
-    return train_isolated(raw, root / "stage2", root / "cache")
+    """A RecRec stage-2 run: its depth is an inference setting."""
+    return train_recrec_stage_2(tmp_path_factory.mktemp("recrec-run"))
 
 
 def test_settings_of_one_request_do_not_leak_into_concurrent_ones(recrec_run: Path) -> None:

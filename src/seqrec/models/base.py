@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
-from seqrec.config import ConfigError, from_dict
+from seqrec.config import ConfigError, from_dict, replace_checked
 from seqrec.registry import Registry
 
 
@@ -164,7 +164,7 @@ def with_inference_settings(config: C, settings: Mapping[str, Any]) -> C:
             f"{', '.join(f'model.{name}' for name in fixed)} cannot change after training; "
             f"inference settings of {config.name!r}: {valid}"
         )
-    return from_dict(type(config), {**dataclasses.asdict(config), **settings}, "model")
+    return replace_checked(config, settings, "model")
 
 
 def warm_start_conflicts(config: ModelConfig, source: ModelConfig) -> list[str]:

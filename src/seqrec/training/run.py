@@ -20,11 +20,10 @@ import torch
 from seqrec import __version__
 from seqrec.config import (
     ConfigError,
-    EvalConfig,
     ExperimentConfig,
     SplitChoice,
     experiment_from_raw,
-    from_dict,
+    replace_checked,
     set_dotted,
 )
 from seqrec.data.prepare import prepare
@@ -384,9 +383,7 @@ def evaluate_run(
     (checked as the config file's are: unknown keys and bad values are ``ConfigError``s),
     ``settings`` inference settings of its model config (``{"depth": 4}`` for RecRec)."""
     run = load_run(run_dir, settings=settings)
-    eval_config = from_dict(
-        EvalConfig, {**dataclasses.asdict(run.config.eval), **(overrides or {})}, "eval"
-    )
+    eval_config = replace_checked(run.config.eval, overrides or {}, "eval")
     check_num_negatives(eval_config, run.model.config.num_items)  # before the data is read
     data = data_for_run(run, data_dir)
     target = resolve_device(device)
