@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, SeqBatch
-from seqrec.config import ConfigError, TrainConfig
+from seqrec.config import ConfigError, TrainConfig, experiment_from_raw
 from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import Sequences
 from seqrec.models import build_model, build_model_config, recrec
@@ -25,8 +26,9 @@ from seqrec.models.recrec import (
     interest_diversity,
     interest_scores,
     prefix_mask,
+    select_rows,
 )
-from seqrec.training.loop import build_optimizer
+from seqrec.training.loop import build_optimizer, check_trainer_config, train_one_epoch
 from tests.models import test_common
 from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS, L
 
@@ -148,6 +150,65 @@ def test_every_round_starts_from_detached_states_and_only_its_last_step_has_grad
         torch.testing.assert_close(after[1], before[3].detach(), rtol=0, atol=0)
     assert not torch.allclose(calls[3][0], model.s0.expand_as(calls[3][0]))  # not S_0 again
     assert all(p.grad is not None for p in model.reasoner.parameters())
+
+
+def test_round_updates_step_after_every_round_and_the_next_round_reads_the_new_weights(
+    batch: SeqBatch,
+) -> None:
+    """supervision_updates: round (TRM): an optimizer step after each round's loss; the next
+    round continues from the detached states with the updated reasoner, its keys of H too."""
+    values = {**STAGE_2, "rounds": 3, "dropout": 0.0, "compressor_dropout": 0.0}
+    model = randomise_reasoner(make(**values, supervision_updates="round"))
+    assert model.config.updates_per_batch == 3
+    assert make(**values).config.updates_per_batch == 1  # the default: one step a batch
+    by_hand = copy.deepcopy(model).train()
+
+    def sgd(m: RecRec) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
+
+    optimizer, steps = sgd(model), []
+    optimizer.register_step_post_hook(lambda *_: steps.append(len(steps)))
+    stats = train_one_epoch(model, [batch], optimizer, device=torch.device("cpu"))
+    assert len(steps) == 3
+
+    reasoner, hand_optimizer, expected = by_hand.reasoner, sgd(by_hand), []
+    assert reasoner is not None
+    assert by_hand.s0 is not None
+    encoded, real, targets = by_hand._training_examples(batch)
+    s, m = by_hand.s0.expand_as(encoded.interests), encoded.interests
+    for _ in range(3):
+        # H's keys, read with this round's weights (rows: the packed groups' own)
+        shared = select_rows(reasoner.context(encoded.hidden), encoded.rows)
+        with torch.no_grad():
+            s, m = by_hand.step(s, m, shared, encoded.reads)
+        s, m = by_hand.step(s, m, shared, encoded.reads)
+        loss = by_hand.objective(encoded.examples(m, real), targets)[0]
+        hand_optimizer.zero_grad()
+        loss.backward()
+        hand_optimizer.step()
+        expected.append(float(loss.detach()))
+        s, m = s.detach(), m.detach()
+    assert [stats.terms[f"round_{k}"] for k in (1, 2, 3)] == pytest.approx(expected, rel=1e-5)
+    assert stats.loss == pytest.approx(sum(expected) / 3, rel=1e-5)
+    for name, value in by_hand.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, msg=name)
+    one_step = randomise_reasoner(make(**values))  # the same rounds, all before one step
+    rounds = [float(one_step.train()(batch).terms[f"round_{k}"]) for k in (1, 2, 3)]
+    assert rounds[0] == pytest.approx(expected[0], rel=1e-5)
+    assert rounds[1] != pytest.approx(expected[1], rel=1e-3)
+
+
+def test_round_updates_refuse_batch_parts() -> None:
+    raw = {
+        "data": {"dataset": "synthetic"},
+        "model": {"name": "recrec", **TINY, "stage": 2, "supervision_updates": "round"},
+        "train": {"batch_parts": 2, "batch_size": 8},
+    }
+    config = experiment_from_raw(raw)
+    model = make(stage=2, supervision_updates="round")
+    with pytest.raises(ConfigError, match="steps 3 times a batch.*use train.batch_parts=1"):
+        check_trainer_config(model, config)
+    check_trainer_config(model, experiment_from_raw({**raw, "train": {"batch_size": 8}}))
 
 
 def test_n_zero_keeps_the_scratchpad_at_s0(batch: SeqBatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -66,6 +66,11 @@ class ModelConfig:
         negatives, contrastive terms, masks drawn per batch)."""
         return False
 
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer steps the training loop takes on each batch (``training_updates``)."""
+        return 1
+
 
 class SequentialRecommender(nn.Module, ABC):
     """``forward(batch).loss`` trains; ``recommend(input_ids, k)`` serves and evaluates."""
@@ -80,6 +85,12 @@ class SequentialRecommender(nn.Module, ABC):
     @abstractmethod
     def forward(self, batch: SeqBatch) -> ModelOutput:
         """Training loss for a batch whose ``labels`` hold the next item at every position."""
+
+    def training_updates(self, batch: SeqBatch) -> Iterator[ModelOutput]:
+        """The losses of one batch's optimizer steps, in order (``config.updates_per_batch``
+        of them): the training loop steps the optimizer on each before asking for the next,
+        which is computed with the updated weights. By default one, ``forward``'s."""
+        yield self(batch)
 
     @abstractmethod
     def recommend(

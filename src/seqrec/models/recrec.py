@@ -24,8 +24,10 @@ Choices the specification leaves open, and deviations, all deliberate:
   on which a BERT4Rec backbone overfits within a few epochs on Beauty) or on every training
   target as an example of its own, whose prefix the backbone encodes on its own
   (``prefixes``: every target, at the cost of one encoding per target).
-- Stage 2 takes one optimizer step per batch on the mean of the K round losses. TRM steps
-  the optimizer after every round; here the K rounds see the same weights. The backbone
+- Stage 2 takes one optimizer step per batch on the mean of the K round losses by default
+  (``supervision_updates: batch``; the K rounds see the same weights). TRM steps the
+  optimizer after every round, so each round reads the reasoner the previous round's loss
+  updated (``supervision_updates: round``, K steps a batch). The backbone
   runs in eval mode in stage 2 (frozen, no dropout; ``stage2_backbone_dropout`` keeps its
   dropout on, as stage 1 saw it); the compressor keeps its dropout.
 - The gate ``gru`` is a GRU's update gate on layer-normalised M_hat and M_prev with M_hat
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol, cast
 
@@ -77,6 +80,10 @@ Gate = Literal["gru", "gru_cell", "overwrite"]
 # all: every prefix of a row from one encoding of it (a causal backbone); last: the newest
 # position of each row; prefixes: every target an example, its prefix encoded on its own.
 TrainPositions = Literal["all", "last", "prefixes"]
+# When stage 2's optimizer steps: once a batch, on the mean of the K round losses; or after
+# every round, as the Tiny Recursion Model's deep supervision does (the next round then runs
+# with the updated reasoner).
+SupervisionUpdates = Literal["batch", "round"]
 
 
 class _TupleEncoder(Protocol):  # SASRec: encode -> (hidden, attention weights)
@@ -128,6 +135,7 @@ class RecRecConfig(ModelConfig):
         "rounds",
         "gate",
         "reasoner_recency",
+        "supervision_updates",
     )
     backbone: BackboneName = "sasrec"
     hidden_size: int = 64  # d of the backbone, the interests and the reasoner
@@ -157,6 +165,7 @@ class RecRecConfig(ModelConfig):
     inner_steps: int = 3  # n: scratchpad updates per reasoning step (0: S stays S_0)
     steps_per_round: int = 3  # T: reasoning steps per supervision round, the last with grad
     rounds: int = 3  # K: supervision rounds; training depth N = K * T
+    supervision_updates: SupervisionUpdates = "batch"  # optimizer steps: per batch or per round
     # How M_hat replaces M: "gru", a GRU update gate with M_hat as the candidate (identity
     # at init); "gru_cell", a torch GRU cell on layer-normalised M_hat and M (the literal
     # reading of the specification); "overwrite", M <- M_hat (ablation).
@@ -203,6 +212,10 @@ class RecRecConfig(ModelConfig):
     @property
     def batch_needs(self) -> BatchNeeds:
         return replace(super().batch_needs, prefix_examples=self.train_positions == "prefixes")
+
+    @property
+    def updates_per_batch(self) -> int:
+        return self.rounds if self.stage == 2 and self.supervision_updates == "round" else 1
 
     @property
     def inference_depth(self) -> int:
@@ -846,6 +859,25 @@ class RecRec(ScoringRecommender):
         return loss, {"next_item": next_item, "idr": diversity}
 
     def forward(self, batch: SeqBatch) -> ModelOutput:
+        if self.config.stage == 1:
+            encoded, real, targets = self._training_examples(batch)
+            loss, terms = self.objective(encoded.examples(encoded.interests, real), targets)
+            return ModelOutput(loss=loss, terms=terms)
+        rounds = list(self.supervision_rounds(batch))
+        return ModelOutput(
+            loss=torch.stack(rounds).mean(),
+            terms={f"round_{k}": loss for k, loss in enumerate(rounds, start=1)},
+        )
+
+    def training_updates(self, batch: SeqBatch) -> Iterator[ModelOutput]:
+        if self.config.updates_per_batch == 1:
+            yield self(batch)
+            return
+        for k, loss in enumerate(self.supervision_rounds(batch), start=1):
+            yield ModelOutput(loss=loss, terms={f"round_{k}": loss})
+
+    def _training_examples(self, batch: SeqBatch) -> tuple[Encoded, Tensor, Tensor]:
+        """H and M_0 of the batch's training examples, which groups are real, their targets."""
         if batch.labels is None:
             raise ValueError("RecRec.forward needs batch.labels")
         # a prefix example's only label is in its last column
@@ -855,34 +887,29 @@ class RecRec(ScoringRecommender):
         real = labels != PAD_ID
         targets = labels[real]  # (P,), row-major, the order of packed groups
         pack = real if float(real.float().mean()) < PACK_BELOW else None
-        if self.config.stage == 1:
+        with torch.no_grad() if self.config.stage == 2 else nullcontext():
+            # stage 2: frozen; the compressor's dropout still draws in train mode
             encoded = self.encode(batch.input_ids, newest_only, groups=pack)
-            loss, terms = self.objective(encoded.examples(encoded.interests, real), targets)
-            return ModelOutput(loss=loss, terms=terms)
-        with torch.no_grad():  # frozen; the compressor's dropout still draws in train mode
-            encoded = self.encode(batch.input_ids, newest_only, groups=pack)
-        rounds = self.deep_supervision(encoded, real, targets)
-        return ModelOutput(
-            loss=torch.stack(rounds).mean(),
-            terms={f"round_{k}": loss for k, loss in enumerate(rounds, start=1)},
-        )
+        return encoded, real, targets
 
-    def deep_supervision(self, encoded: Encoded, real: Tensor, targets: Tensor) -> list[Tensor]:
-        """Stage 2: K rounds of T steps from (S_0, M_0); only each round's last step has a
-        gradient (1-step BPTT), S and M are detached between rounds; one loss per round (the
-        objective is their mean)."""
-        assert self.reasoner is not None
+    def supervision_rounds(self, batch: SeqBatch) -> Iterator[Tensor]:
+        """Stage 2's deep supervision: K rounds of T steps from (S_0, M_0); only each round's
+        last step has a gradient (1-step BPTT), S and M are detached between rounds. Yields
+        each round's loss; with ``supervision_updates: round`` the optimizer steps between
+        yields, and the next round reads the updated reasoner."""
+        reasoner = self.reasoner
+        assert reasoner is not None
         assert self.s0 is not None
-        # H's keys depend on the reasoner: they keep their gradient
-        shared = select_rows(self.reasoner.context(encoded.hidden), encoded.rows)
+        encoded, real, targets = self._training_examples(batch)
         reads, m = encoded.reads, encoded.interests
         s = self.s0.expand_as(m)
-        losses = []
         for _ in range(self.config.rounds):
+            # H's keys depend on the reasoner: they keep their gradient, and are read again
+            # each round in case the reasoner has changed since
+            shared = select_rows(reasoner.context(encoded.hidden), encoded.rows)
             with torch.no_grad():
                 for _ in range(self.config.steps_per_round - 1):
                     s, m = self.step(s, m, shared, reads)
             s, m = self.step(s, m, shared, reads)
-            losses.append(self.objective(encoded.examples(m, real), targets)[0])
+            yield self.objective(encoded.examples(m, real), targets)[0]
             s, m = s.detach(), m.detach()
-        return losses

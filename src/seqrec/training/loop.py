@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from seqrec.batch import SeqBatch
+from seqrec.batch import ModelOutput, SeqBatch
 from seqrec.config import ConfigError, ExperimentConfig, TrainConfig
 from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import PreparedData
@@ -88,6 +88,12 @@ def check_trainer_config(model: SequentialRecommender, config: ExperimentConfig)
             "with these settings couples the rows of a batch (in-batch negatives or a "
             "contrastive term): use train.batch_parts=1"
         )
+    if config.train.batch_parts > 1 and model.config.updates_per_batch > 1:
+        raise ConfigError(
+            f"train.batch_parts accumulates one optimizer step over a batch's parts; "
+            f"{model.config.name} with these settings steps {model.config.updates_per_batch} "
+            "times a batch (model.supervision_updates: round): use train.batch_parts=1"
+        )
 
 
 @dataclass
@@ -100,6 +106,17 @@ class EpochStats:
     @property
     def targets_per_second(self) -> float:
         return self.targets / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class _EpochTotals:
+    loss: float = 0.0  # summed over positions
+    targets: int = 0
+    terms: dict[str, float] = field(default_factory=dict)
+
+    def add_terms(self, output: ModelOutput, n: int) -> None:
+        for name, term in output.terms.items():
+            self.terms[name] = self.terms.get(name, 0.0) + float(term.detach()) * n
 
 
 def train_one_epoch(
@@ -116,50 +133,95 @@ def train_one_epoch(
 
     An item that is a list is one optimizer step over its parts (``TrainBatches.steps``):
     each part's mean loss is weighted by its share of the step's positions, so the
-    accumulated gradient is that of the mean over all of them.
+    accumulated gradient is that of the mean over all of them. A model that steps several
+    times a batch (``updates_per_batch``) gets one step per loss of ``training_updates``;
+    a batch's loss is then the mean of those.
     """
     model.train()
     start = time.perf_counter()
-    total_loss, total_targets = 0.0, 0
-    term_totals: dict[str, float] = {}
+    totals = _EpochTotals()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    for step in batches:
-        parts = step if isinstance(step, list) else [step]
-        step_targets = sum(part.num_targets for part in parts)
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
-        for part in parts:
-            batch = part.to(device)
-            with autocast:
-                output = model(batch)
-            loss = output.loss
-            n = batch.num_targets
-            if optimizer is not None:
-                (loss if len(parts) == 1 else loss * (n / step_targets)).backward()
-            total_loss += float(loss.detach()) * n
-            total_targets += n
-            for name, term in output.terms.items():
-                term_totals[name] = term_totals.get(name, 0.0) + float(term.detach()) * n
-            del output, loss  # the next part's activations need the memory
+
+    def update() -> None:
         if optimizer is not None:
             if grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    for step in batches:
+        parts = [part.to(device) for part in (step if isinstance(step, list) else [step])]
+        if model.config.updates_per_batch > 1:
+            _steps_on_one_batch(model, parts, totals, autocast, update, optimizer is not None)
+        else:
+            _step_over_parts(model, parts, totals, autocast, optimizer is not None)
+            update()
         if progress is not None:
             progress.update(1)
             elapsed = time.perf_counter() - start
             progress.set_postfix(
-                loss=f"{total_loss / max(total_targets, 1):.4f}",
-                targets_per_s=f"{total_targets / max(elapsed, 1e-9):,.0f}",
+                loss=f"{totals.loss / max(totals.targets, 1):.4f}",
+                targets_per_s=f"{totals.targets / max(elapsed, 1e-9):,.0f}",
             )
-    if not math.isfinite(total_loss):
+    if not math.isfinite(totals.loss):
         raise FloatingPointError("training loss is not finite; lower train.lr or check the data")
     return EpochStats(
-        total_loss / max(total_targets, 1),
+        totals.loss / max(totals.targets, 1),
         time.perf_counter() - start,
-        total_targets,
-        {name: total / max(total_targets, 1) for name, total in term_totals.items()},
+        totals.targets,
+        {name: total / max(totals.targets, 1) for name, total in totals.terms.items()},
     )
+
+
+def _step_over_parts(
+    model: SequentialRecommender,
+    parts: list[SeqBatch],
+    totals: _EpochTotals,
+    autocast: AbstractContextManager[Any],
+    backward: bool,
+) -> None:
+    """Accumulates the gradient of one optimizer step over a batch's parts."""
+    step_targets = sum(part.num_targets for part in parts)
+    for batch in parts:
+        with autocast:
+            output = model(batch)
+        loss = output.loss
+        n = batch.num_targets
+        if backward:
+            (loss if len(parts) == 1 else loss * (n / step_targets)).backward()
+        totals.loss += float(loss.detach()) * n
+        totals.targets += n
+        totals.add_terms(output, n)
+        del output, loss  # the next part's activations need the memory
+
+
+def _steps_on_one_batch(
+    model: SequentialRecommender,
+    parts: list[SeqBatch],
+    totals: _EpochTotals,
+    autocast: AbstractContextManager[Any],
+    update: Callable[[], None],
+    backward: bool,
+) -> None:
+    """``training_updates``: an optimizer step after each of the batch's losses."""
+    (batch,) = parts  # check_trainer_config refuses parts here
+    n, losses = batch.num_targets, list[float]()
+    updates = model.training_updates(batch)
+    while True:
+        with autocast:
+            output: ModelOutput | None = next(updates, None)
+        if output is None:
+            break
+        if backward:
+            torch.autograd.backward(output.loss)
+        update()  # before the next loss is computed, with the updated weights
+        losses.append(float(output.loss.detach()))
+        totals.add_terms(output, n)
+        del output
+    totals.loss += sum(losses) / len(losses) * n
+    totals.targets += n
 
 
 def log_epoch(row: dict[str, Any]) -> None:
