@@ -903,10 +903,12 @@ class RecRec(ScoringRecommender):
         encoded, real, targets = self._training_examples(batch)
         reads, m = encoded.reads, encoded.interests
         s = self.s0.expand_as(m)
+        stepping = self.config.updates_per_batch > 1
+        shared = None
         for _ in range(self.config.rounds):
-            # H's keys depend on the reasoner: they keep their gradient, and are read again
-            # each round in case the reasoner has changed since
-            shared = select_rows(reasoner.context(encoded.hidden), encoded.rows)
+            if shared is None or stepping:  # read again after each optimizer step
+                # H's keys depend on the reasoner: they keep their gradient
+                shared = select_rows(reasoner.context(encoded.hidden), encoded.rows)
             with torch.no_grad():
                 for _ in range(self.config.steps_per_round - 1):
                     s, m = self.step(s, m, shared, reads)

@@ -1,6 +1,7 @@
 """One model-agnostic training loop: epochs, validation, early stopping, crash-safe resume.
 
-The loop calls ``model(batch).loss`` and the evaluator; it knows nothing about any model.
+The loop calls ``model(batch).loss`` (or, for a model that steps several times a batch, the
+losses of ``model.training_updates(batch)``) and the evaluator; it knows nothing about any model.
 Every epoch draws its randomness (batch order, negatives, dropout) from seeds derived from
 (train.seed, epoch), and the checkpoint written after each epoch holds the optimizer state,
 so a resumed run continues exactly where an uninterrupted one would be.
@@ -152,11 +153,14 @@ def train_one_epoch(
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     for step in batches:
-        parts = [part.to(device) for part in (step if isinstance(step, list) else [step])]
+        parts = step if isinstance(step, list) else [step]
         if model.config.updates_per_batch > 1:
-            _steps_on_one_batch(model, parts, totals, autocast, update, optimizer is not None)
+            (batch,) = parts  # check_trainer_config refuses parts here
+            _steps_on_one_batch(
+                model, batch.to(device), totals, autocast, update, optimizer is not None
+            )
         else:
-            _step_over_parts(model, parts, totals, autocast, optimizer is not None)
+            _step_over_parts(model, parts, totals, autocast, device, optimizer is not None)
             update()
         if progress is not None:
             progress.update(1)
@@ -180,11 +184,13 @@ def _step_over_parts(
     parts: list[SeqBatch],
     totals: _EpochTotals,
     autocast: AbstractContextManager[Any],
+    device: torch.device,
     backward: bool,
 ) -> None:
     """Accumulates the gradient of one optimizer step over a batch's parts."""
     step_targets = sum(part.num_targets for part in parts)
-    for batch in parts:
+    for part in parts:
+        batch = part.to(device)  # one part at a time on the device
         with autocast:
             output = model(batch)
         loss = output.loss
@@ -199,14 +205,13 @@ def _step_over_parts(
 
 def _steps_on_one_batch(
     model: SequentialRecommender,
-    parts: list[SeqBatch],
+    batch: SeqBatch,
     totals: _EpochTotals,
     autocast: AbstractContextManager[Any],
     update: Callable[[], None],
     backward: bool,
 ) -> None:
     """``training_updates``: an optimizer step after each of the batch's losses."""
-    (batch,) = parts  # check_trainer_config refuses parts here
     n, losses = batch.num_targets, list[float]()
     updates = model.training_updates(batch)
     while True:
@@ -220,6 +225,8 @@ def _steps_on_one_batch(
         losses.append(float(output.loss.detach()))
         totals.add_terms(output, n)
         del output
+    if not losses:
+        raise RuntimeError(f"{model.config.name}.training_updates yielded no loss")
     totals.loss += sum(losses) / len(losses) * n
     totals.targets += n
 
