@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, SeqBatch
-from seqrec.config import ConfigError, TrainConfig, experiment_from_raw
+from seqrec.config import ConfigError, TrainConfig
 from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import Sequences
 from seqrec.models import build_model, build_model_config, recrec
@@ -28,7 +28,7 @@ from seqrec.models.recrec import (
     prefix_mask,
     select_rows,
 )
-from seqrec.training.loop import build_optimizer, check_trainer_config, train_one_epoch
+from seqrec.training.loop import build_optimizer, train_one_epoch
 from tests.models import test_common
 from tests.tiny import NUM_ITEMS, NUM_USERS, TINY_CONFIGS, L
 
@@ -196,19 +196,6 @@ def test_round_updates_step_after_every_round_and_the_next_round_reads_the_new_w
     rounds = [float(one_step.train()(batch).terms[f"round_{k}"]) for k in (1, 2, 3)]
     assert rounds[0] == pytest.approx(expected[0], rel=1e-5)
     assert rounds[1] != pytest.approx(expected[1], rel=1e-3)
-
-
-def test_round_updates_refuse_batch_parts() -> None:
-    raw = {
-        "data": {"dataset": "synthetic"},
-        "model": {"name": "recrec", **TINY, "stage": 2, "supervision_updates": "round"},
-        "train": {"batch_parts": 2, "batch_size": 8},
-    }
-    config = experiment_from_raw(raw)
-    model = make(stage=2, supervision_updates="round")
-    with pytest.raises(ConfigError, match="steps 3 times a batch.*use train.batch_parts=1"):
-        check_trainer_config(model, config)
-    check_trainer_config(model, experiment_from_raw({**raw, "train": {"batch_size": 8}}))
 
 
 def test_n_zero_keeps_the_scratchpad_at_s0(batch: SeqBatch) -> None:

@@ -72,6 +72,16 @@ RECREC = {
     "compressor_layers": 1,
 }
 
+# RecRec's stage 2 stepping after each of its 3 supervision rounds: in parts, every step
+# accumulates all parts' losses of its round
+STAGE_2_ROUNDS: dict[str, object] = {
+    "stage": 2,
+    "rounds": 3,
+    "steps_per_round": 2,
+    "inner_steps": 1,
+    "supervision_updates": "round",
+}
+
 
 @pytest.mark.parametrize(
     "section",
@@ -80,8 +90,9 @@ RECREC = {
         {**SASREC, "loss": "bce"},
         RECREC,
         {**RECREC, "stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1},
+        {**RECREC, **STAGE_2_ROUNDS},
     ],
-    ids=["sasrec-ce", "sasrec-bce", "recrec-stage1", "recrec-stage2"],
+    ids=["sasrec-ce", "sasrec-bce", "recrec-stage1", "recrec-stage2", "recrec-stage2-rounds"],
 )
 def test_one_step_in_parts_equals_the_whole_batch_step(section: dict[str, object]) -> None:
     """Same rows, no dropout: the updated weights agree (BCE with the whole batch's

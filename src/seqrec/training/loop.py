@@ -89,12 +89,6 @@ def check_trainer_config(model: SequentialRecommender, config: ExperimentConfig)
             "with these settings couples the rows of a batch (in-batch negatives or a "
             "contrastive term): use train.batch_parts=1"
         )
-    if config.train.batch_parts > 1 and model.config.updates_per_batch > 1:
-        raise ConfigError(
-            f"train.batch_parts accumulates one optimizer step over a batch's parts; "
-            f"{model.config.name} with these settings steps {model.config.updates_per_batch} "
-            "times a batch (model.supervision_updates: round): use train.batch_parts=1"
-        )
 
 
 @dataclass
@@ -135,8 +129,8 @@ def train_one_epoch(
     An item that is a list is one optimizer step over its parts (``TrainBatches.steps``):
     each part's mean loss is weighted by its share of the step's positions, so the
     accumulated gradient is that of the mean over all of them. A model that steps several
-    times a batch (``updates_per_batch``) gets one step per loss of ``training_updates``;
-    a batch's loss is then the mean of those.
+    times a batch (``updates_per_batch``) gets one step per loss of ``training_updates``
+    (accumulated over the parts alike); a batch's loss is then the mean of those.
     """
     model.train()
     start = time.perf_counter()
@@ -155,10 +149,7 @@ def train_one_epoch(
     for step in batches:
         parts = step if isinstance(step, list) else [step]
         if model.config.updates_per_batch > 1:
-            (batch,) = parts  # check_trainer_config refuses parts here
-            _steps_on_one_batch(
-                model, batch.to(device), totals, autocast, update, optimizer is not None
-            )
+            _steps_on_one_batch(model, parts, totals, autocast, device, update, optimizer)
         else:
             _step_over_parts(model, parts, totals, autocast, device, optimizer is not None)
             update()
@@ -205,30 +196,39 @@ def _step_over_parts(
 
 def _steps_on_one_batch(
     model: SequentialRecommender,
-    batch: SeqBatch,
+    parts: list[SeqBatch],
     totals: _EpochTotals,
     autocast: AbstractContextManager[Any],
+    device: torch.device,
     update: Callable[[], None],
-    backward: bool,
+    optimizer: torch.optim.Optimizer | None,
 ) -> None:
-    """``training_updates``: an optimizer step after each of the batch's losses."""
-    n, losses = batch.num_targets, list[float]()
-    updates = model.training_updates(batch)
-    while True:
-        with autocast:
-            output: ModelOutput | None = next(updates, None)
-        if output is None:
-            break
-        if backward:
-            torch.autograd.backward(output.loss)
-        update()  # before the next loss is computed, with the updated weights
-        losses.append(float(output.loss.detach()))
-        totals.add_terms(output, n)
-        del output
-    if not losses:
-        raise RuntimeError(f"{model.config.name}.training_updates yielded no loss")
-    totals.loss += sum(losses) / len(losses) * n
-    totals.targets += n
+    """``training_updates``, an optimizer step after each of the batch's losses. In parts,
+    step k accumulates every part's k-th loss, weighted by its share of the positions, and
+    each part's updates carry their own state from one step to the next."""
+    step_targets = sum(part.num_targets for part in parts)
+    updates = [model.training_updates(part.to(device)) for part in parts]
+    step_losses = []
+    for _ in range(model.config.updates_per_batch):
+        step_loss = 0.0
+        for part, part_updates in zip(parts, updates, strict=True):
+            with autocast:
+                output = next(part_updates, None)
+            if output is None:
+                raise RuntimeError(
+                    f"{model.config.name}.training_updates yielded fewer losses than "
+                    f"updates_per_batch = {model.config.updates_per_batch}"
+                )
+            n = part.num_targets
+            if optimizer is not None:
+                torch.autograd.backward(output.loss * (n / step_targets))
+            step_loss += float(output.loss.detach()) * n
+            totals.add_terms(output, n)
+            del output
+        update()  # before the next losses are computed, with the updated weights
+        step_losses.append(step_loss)
+    totals.loss += sum(step_losses) / len(step_losses)
+    totals.targets += step_targets
 
 
 def log_epoch(row: dict[str, Any]) -> None:
