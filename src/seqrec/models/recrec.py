@@ -871,7 +871,7 @@ class RecRec(ScoringRecommender):
 
     def training_updates(self, batch: SeqBatch) -> Iterator[ModelOutput]:
         if self.config.updates_per_batch == 1:
-            yield self(batch)
+            yield from super().training_updates(batch)
             return
         for k, loss in enumerate(self.supervision_rounds(batch), start=1):
             yield ModelOutput(loss=loss, terms={f"round_{k}": loss})

@@ -13,7 +13,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,11 +148,7 @@ def train_one_epoch(
         optimizer.zero_grad(set_to_none=True)
     for step in batches:
         parts = step if isinstance(step, list) else [step]
-        if model.config.updates_per_batch > 1:
-            _steps_on_one_batch(model, parts, totals, autocast, device, update, optimizer)
-        else:
-            _step_over_parts(model, parts, totals, autocast, device, optimizer is not None)
-            update()
+        _train_batch(model, parts, totals, autocast, device, update, optimizer is not None)
         if progress is not None:
             progress.update(1)
             elapsed = time.perf_counter() - start
@@ -170,61 +166,40 @@ def train_one_epoch(
     )
 
 
-def _step_over_parts(
-    model: SequentialRecommender,
-    parts: list[SeqBatch],
-    totals: _EpochTotals,
-    autocast: AbstractContextManager[Any],
-    device: torch.device,
-    backward: bool,
-) -> None:
-    """Accumulates the gradient of one optimizer step over a batch's parts."""
-    step_targets = sum(part.num_targets for part in parts)
-    for part in parts:
-        batch = part.to(device)  # one part at a time on the device
-        with autocast:
-            output = model(batch)
-        loss = output.loss
-        n = batch.num_targets
-        if backward:
-            (loss if len(parts) == 1 else loss * (n / step_targets)).backward()
-        totals.loss += float(loss.detach()) * n
-        totals.targets += n
-        totals.add_terms(output, n)
-        del output, loss  # the next part's activations need the memory
-
-
-def _steps_on_one_batch(
+def _train_batch(
     model: SequentialRecommender,
     parts: list[SeqBatch],
     totals: _EpochTotals,
     autocast: AbstractContextManager[Any],
     device: torch.device,
     update: Callable[[], None],
-    optimizer: torch.optim.Optimizer | None,
+    backward: bool,
 ) -> None:
-    """``training_updates``, an optimizer step after each of the batch's losses. In parts,
-    step k accumulates every part's k-th loss, weighted by its share of the positions, and
-    each part's updates carry their own state from one step to the next."""
+    """The ``updates_per_batch`` optimizer steps of one batch (one for most models): step k
+    accumulates the k-th loss of every part's ``training_updates``, weighted by the part's
+    share of the positions; each part's updates carry their own state from step to step."""
     step_targets = sum(part.num_targets for part in parts)
-    updates = [model.training_updates(part.to(device)) for part in parts]
+    updates: list[Iterator[ModelOutput]] = []
     step_losses = []
-    for _ in range(model.config.updates_per_batch):
+    for k in range(model.config.updates_per_batch):
         step_loss = 0.0
-        for part, part_updates in zip(parts, updates, strict=True):
+        for i, part in enumerate(parts):
+            if k == 0:  # a part goes to the device when it is first needed
+                updates.append(model.training_updates(part.to(device)))
             with autocast:
-                output = next(part_updates, None)
+                output = next(updates[i], None)
             if output is None:
                 raise RuntimeError(
                     f"{model.config.name}.training_updates yielded fewer losses than "
                     f"updates_per_batch = {model.config.updates_per_batch}"
                 )
             n = part.num_targets
-            if optimizer is not None:
-                torch.autograd.backward(output.loss * (n / step_targets))
+            if backward:
+                share = output.loss if len(parts) == 1 else output.loss * (n / step_targets)
+                torch.autograd.backward(share)
             step_loss += float(output.loss.detach()) * n
             totals.add_terms(output, n)
-            del output
+            del output  # the next part's activations need the memory
         update()  # before the next losses are computed, with the updated weights
         step_losses.append(step_loss)
     totals.loss += sum(step_losses) / len(step_losses)
