@@ -123,6 +123,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- train / evaluate
 def cmd_train(args: argparse.Namespace) -> int:
+    from seqrec.training.distributed import launched_rank
     from seqrec.training.run import config_for_resume, train_experiment
 
     out = Path(args.out)
@@ -134,6 +135,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         config = experiment_from_raw(load_raw(args.config, args.set or []))
     outcome = train_experiment(config, out, data_dir=args.data_dir, resume=args.resume)
+    if launched_rank() != 0:  # under torchrun, rank 0 reports for every rank
+        return 0
     fit = outcome.fit
     print(f"dataset: {outcome.data.name} ({outcome.data.source})")
     print(
@@ -710,6 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 logs for them
+        level = max(level, logging.WARNING)
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
 
 

@@ -216,6 +216,10 @@ class TrainBatches:
     With ``needs.prefix_examples`` an example is one training position instead of one user:
     the (up to max_seq_len) items before it as input and its item as the only label, in the
     last column.
+
+    With ``world_size`` > 1 (data-parallel training, ``seqrec.training.distributed``) every
+    rank draws the same batches and ``steps`` yields rank ``rank``'s share of each: every
+    ``world_size``-th row of the batch sorted by history length, in its own ``parts``.
     """
 
     sequences: Sequences
@@ -227,10 +231,14 @@ class TrainBatches:
     batching: Batching = "random"
     parts: int = 1  # each batch trained in this many length-sorted parts (see ``steps``)
     windows: TrainWindows = "last"
+    rank: int = 0
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         if self.parts < 1:
             raise ValueError(f"parts must be >= 1, got {self.parts}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, world_size = {self.world_size})")
         needs = self.needs
         if needs.prefix_examples and self.windows != "last":
             raise ValueError("prefix examples train on every target already; use windows='last'")
@@ -296,16 +304,24 @@ class TrainBatches:
         for step in self.steps(rng):
             yield from step
 
-    def steps(self, rng: np.random.Generator) -> Iterator[list[SeqBatch]]:
+    def steps(
+        self, rng: np.random.Generator, sample_rng: np.random.Generator | None = None
+    ) -> Iterator[list[SeqBatch]]:
         """One list per optimizer step: the whole batch, or its ``parts`` length-sorted
-        parts, which together hold exactly the batch's rows and positions."""
+        parts, which together hold exactly the batch's rows and positions. With several
+        ranks, this rank's share of the batch (possibly empty: a list of no parts).
+
+        ``rng`` orders the rows and must be the same on every rank; ``sample_rng`` (default
+        ``rng``) draws what each batch samples (negatives, same-target histories)."""
+        sample_rng = sample_rng or rng
         for rows in self._batch_rows(rng):
-            if self.parts == 1:
-                yield [self.batch(rows, rng)]
+            if self.parts == 1 and self.world_size == 1:
+                yield [self.batch(rows, sample_rng)]
                 continue
             by_length = rows[np.argsort(self._row_lengths[rows], kind="stable")]
-            pieces = np.array_split(by_length, min(self.parts, len(rows)))
-            yield [self.batch(piece, rng) for piece in pieces]
+            mine = by_length[self.rank :: self.world_size]
+            pieces = np.array_split(mine, min(self.parts, len(mine))) if len(mine) else []
+            yield [self.batch(piece, sample_rng) for piece in pieces]
 
     def _history_lengths(self) -> IntArray:
         """Each row's length to sort by: the items up to its window's end (the user's whole

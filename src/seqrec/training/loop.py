@@ -4,7 +4,8 @@ The loop calls ``model(batch).loss`` (or, for a model that steps several times a
 losses of ``model.training_updates(batch)``) and the evaluator; it knows nothing about any model.
 Every epoch draws its randomness (batch order, negatives, dropout) from seeds derived from
 (train.seed, epoch), and the checkpoint written after each epoch holds the optimizer state,
-so a resumed run continues exactly where an uninterrupted one would be.
+so a resumed run continues exactly where an uninterrupted one would be. Under ``torchrun``
+the same loop trains data-parallel (``seqrec.training.distributed``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from seqrec.metrics import METRICS
 from seqrec.models.base import SequentialRecommender, build_model_config
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
 from seqrec.training.cpu_allocator import keep_freed_memory
+from seqrec.training.distributed import SINGLE_PROCESS, DataParallel
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +54,10 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-def epoch_seeds(seed: int, epoch: int) -> tuple[np.random.Generator, int]:
-    """Independent, reproducible randomness for one epoch: a NumPy generator and a torch seed."""
-    sequence = np.random.SeedSequence([seed, epoch])
+def epoch_seeds(seed: int, epoch: int, rank: int | None = None) -> tuple[np.random.Generator, int]:
+    """Independent, reproducible randomness for one epoch: a NumPy generator and a torch seed
+    (with ``rank``, a stream of that data-parallel rank's own)."""
+    sequence = np.random.SeedSequence([seed, epoch] if rank is None else [seed, epoch, rank])
     return np.random.default_rng(sequence), int(sequence.generate_state(1, np.uint64)[0] >> 1)
 
 
@@ -73,9 +76,12 @@ def check_train_config(config: ExperimentConfig) -> None:
     build_model_config(config.model, num_items=1, num_users=1)
 
 
-def check_trainer_config(model: SequentialRecommender, config: ExperimentConfig) -> None:
-    """Settings that can only be checked against the built model; ``Trainer`` runs this
-    before it changes anything (threads, device, optimizer)."""
+def check_trainer_config(
+    model: SequentialRecommender, config: ExperimentConfig, world_size: int = 1
+) -> None:
+    """Settings that can only be checked against the built model (and the number of
+    data-parallel ranks); ``Trainer`` runs this before it changes anything (threads, device,
+    optimizer)."""
     check_train_config(config)
     if config.train.windows != "last" and model.batch_needs.prefix_examples:
         raise ConfigError(
@@ -88,6 +94,17 @@ def check_trainer_config(model: SequentialRecommender, config: ExperimentConfig)
             f"train.batch_parts needs a loss that splits by rows; {model.config.name} "
             "with these settings couples the rows of a batch (in-batch negatives or a "
             "contrastive term): use train.batch_parts=1"
+        )
+    if world_size > 1 and not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(
+            f"{model.config.name} has nothing to optimise (it learns by counting in one pass "
+            "over the data): train it in one process"
+        )
+    if world_size > 1 and not model.config.loss_splits_by_rows:
+        raise ConfigError(
+            f"data-parallel training splits each batch between the ranks, which needs a loss "
+            f"that splits by rows; {model.config.name} with these settings couples the rows "
+            "of a batch (in-batch negatives or a contrastive term): train it in one process"
         )
 
 
@@ -123,6 +140,7 @@ def train_one_epoch(
     grad_clip: float | None = None,
     bf16: bool = False,
     progress: tqdm[Any] | None = None,
+    group: DataParallel = SINGLE_PROCESS,
 ) -> EpochStats:
     """One pass over ``batches``; returns the mean loss over positions.
 
@@ -131,14 +149,21 @@ def train_one_epoch(
     accumulated gradient is that of the mean over all of them. A model that steps several
     times a batch (``updates_per_batch``) gets one step per loss of ``training_updates``
     (accumulated over the parts alike); a batch's loss is then the mean of those.
+
+    With several data-parallel ranks (``group``), ``batches`` are this rank's shares of the
+    steps: each part is weighted by its share of the step's positions over every rank and
+    the gradients are summed over the ranks before each optimizer step; the returned
+    figures are those of all ranks together.
     """
     model.train()
     start = time.perf_counter()
     totals = _EpochTotals()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    trained = [p for p in model.parameters() if p.requires_grad]
 
     def update() -> None:
         if optimizer is not None:
+            group.sum_gradients(trained)
             if grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
@@ -148,7 +173,12 @@ def train_one_epoch(
         optimizer.zero_grad(set_to_none=True)
     for step in batches:
         parts = step if isinstance(step, list) else [step]
-        _train_batch(model, parts, totals, autocast, device, update, optimizer is not None)
+        step_targets = sum(part.num_targets for part in parts)
+        if group.world_size > 1:
+            step_targets = round(group.sum_floats([step_targets])[0])
+        _train_batch(
+            model, parts, step_targets, totals, autocast, device, update, optimizer is not None
+        )
         if progress is not None:
             progress.update(1)
             elapsed = time.perf_counter() - start
@@ -156,6 +186,10 @@ def train_one_epoch(
                 loss=f"{totals.loss / max(totals.targets, 1):.4f}",
                 targets_per_s=f"{totals.targets / max(elapsed, 1e-9):,.0f}",
             )
+    if group.world_size > 1:
+        totals.loss, targets = group.sum_floats([totals.loss, totals.targets])
+        totals.targets = round(targets)
+        totals.terms = group.sum_dicts(totals.terms)
     if not math.isfinite(totals.loss):
         raise FloatingPointError("training loss is not finite; lower train.lr or check the data")
     return EpochStats(
@@ -169,6 +203,7 @@ def train_one_epoch(
 def _train_batch(
     model: SequentialRecommender,
     parts: list[SeqBatch],
+    step_targets: int,
     totals: _EpochTotals,
     autocast: AbstractContextManager[Any],
     device: torch.device,
@@ -177,8 +212,8 @@ def _train_batch(
 ) -> None:
     """The ``updates_per_batch`` optimizer steps of one batch (one for most models): step k
     accumulates the k-th loss of every part's ``training_updates``, weighted by the part's
-    share of the positions; each part's updates carry their own state from step to step."""
-    step_targets = sum(part.num_targets for part in parts)
+    share of the ``step_targets`` positions (over every rank); each part's updates carry their
+    own state from step to step."""
     updates: list[Iterator[ModelOutput]] = []
     step_losses = []
     for k in range(model.config.updates_per_batch):
@@ -195,7 +230,7 @@ def _train_batch(
                 )
             n = part.num_targets
             if backward:
-                share = output.loss if len(parts) == 1 else output.loss * (n / step_targets)
+                share = output.loss if n == step_targets else output.loss * (n / step_targets)
                 torch.autograd.backward(share)
             step_loss += float(output.loss.detach()) * n
             totals.add_terms(output, n)
@@ -203,7 +238,7 @@ def _train_batch(
         update()  # before the next losses are computed, with the updated weights
         step_losses.append(step_loss)
     totals.loss += sum(step_losses) / len(step_losses)
-    totals.targets += step_targets
+    totals.targets += sum(part.num_targets for part in parts)  # this rank's
 
 
 def log_epoch(row: dict[str, Any]) -> None:
@@ -250,7 +285,12 @@ class FitResult:
 
 
 class Trainer:
-    """Fits a model on prepared data; with a run directory it checkpoints every epoch."""
+    """Fits a model on prepared data; with a run directory it checkpoints every epoch.
+
+    With a ``group`` of several data-parallel ranks, each rank runs its own ``Trainer`` on
+    its share of every batch; rank 0 validates, calls ``on_epoch_end`` and writes the run
+    directory.
+    """
 
     def __init__(
         self,
@@ -259,19 +299,22 @@ class Trainer:
         config: ExperimentConfig,
         run_dir: Path | None = None,
         on_epoch_end: EpochCallback | None = None,
+        group: DataParallel = SINGLE_PROCESS,
     ) -> None:
-        check_trainer_config(model, config)
+        check_trainer_config(model, config, group.world_size)
         self.model = model
         self.data = data
         self.config = config
         self.run_dir = run_dir
         self.on_epoch_end = on_epoch_end or log_epoch
-        self.device = resolve_device(config.train.device)
+        self.group = group
+        self.device = group.device(resolve_device(config.train.device))
         if self.device.type == "cpu":
             keep_freed_memory()
         if config.train.num_threads is not None:
             torch.set_num_threads(config.train.num_threads)
         self.model.to(self.device)
+        group.broadcast_module(self.model)
         self.optimizer = build_optimizer(model, config.train)
         self.batches = TrainBatches(
             sequences=data.split.train,
@@ -283,15 +326,22 @@ class Trainer:
             batching=config.train.batching,
             parts=config.train.batch_parts,
             windows=config.train.windows,
+            rank=group.rank,
+            world_size=group.world_size,
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
 
     def validate(self) -> dict[str, float]:
-        result = evaluate_model(
-            self.model, self.data, self.config.eval, split="valid", device=self.device
-        )
-        return result.metrics
+        """Validation metrics (computed on rank 0, the same on every rank)."""
+
+        def metrics() -> dict[str, float]:
+            result = evaluate_model(
+                self.model, self.data, self.config.eval, split="valid", device=self.device
+            )
+            return result.metrics
+
+        return self.group.from_main(metrics)
 
     def resume(self) -> bool:
         """Load the last completed epoch from the run directory; False when there is none."""
@@ -311,7 +361,7 @@ class Trainer:
         return True
 
     def _checkpoint(self, numpy_rng: np.random.Generator) -> None:
-        if self.run_dir is None:
+        if self.run_dir is None or not self.group.is_main:
             return
         save_torch(
             {
@@ -345,7 +395,8 @@ class Trainer:
                 self.state.epochs_without_improvement += self.config.train.eval_every
         self.state.epoch = epoch
         self.state.history.append(row)
-        self.on_epoch_end(row)
+        if self.group.is_main:
+            self.on_epoch_end(row)
 
     def _stop_reason(self) -> str | None:
         """Why training is over after the epochs completed so far, or None."""
@@ -373,6 +424,7 @@ class Trainer:
             grad_clip=train.grad_clip,
             bf16=train.precision == "bf16",
             progress=progress,
+            group=self.group,
         )
 
     def fit(self) -> FitResult:
@@ -382,18 +434,24 @@ class Trainer:
             epoch = self.state.epoch + 1
             epoch_started = time.perf_counter()
             numpy_rng, torch_seed = epoch_seeds(train.seed, epoch)
+            sample_rng = numpy_rng
+            if self.group.world_size > 1:  # the batch order is shared, the draws per rank
+                sample_rng, torch_seed = epoch_seeds(train.seed, epoch, self.group.rank)
             torch.manual_seed(torch_seed)
             with tqdm(
                 total=len(self.batches),
                 desc=f"epoch {epoch}",
-                disable=True if not train.progress else None,  # None: only on a terminal
+                # None: only on a terminal
+                disable=True if not train.progress or not self.group.is_main else None,
                 leave=False,
                 mininterval=1.0,
             ) as bar:
-                stats = self.train_steps(self.batches.steps(numpy_rng), progress=bar)
+                stats = self.train_steps(self.batches.steps(numpy_rng, sample_rng), progress=bar)
+            self.group.check_replicas(self.model)
             validate = epoch % train.eval_every == 0 or epoch == train.max_epochs
             metrics = self.validate() if validate else None
-            self.state.elapsed_seconds += time.perf_counter() - epoch_started
+            # Rank 0's clock decides the time budget on every rank.
+            self.state.elapsed_seconds += self.group.broadcast(time.perf_counter() - epoch_started)
             self._record(epoch, stats, metrics)
             reason = self._stop_reason()
             if reason is not None:
@@ -401,7 +459,7 @@ class Trainer:
                 self.state.finished = True
             self._checkpoint(numpy_rng)
         self.model.load_state_dict(self.best_weights)
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.group.is_main:
             save_torch(self.best_weights, self.run_dir / WEIGHTS)
         return FitResult(
             best_epoch=self.state.best_epoch,

@@ -10,7 +10,7 @@ import json
 import logging
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from seqrec.training.checkpoint import (
     read_config,
     save_json,
 )
+from seqrec.training.distributed import SINGLE_PROCESS, DataParallel, data_parallel
 from seqrec.training.loop import (
     EpochCallback,
     FitResult,
@@ -231,15 +232,20 @@ def model_for_data(
     data_dir: str | Path | None,
     run_dir: Path,
     resume: bool,
+    group: DataParallel = SINGLE_PROCESS,
 ) -> tuple[SequentialRecommender, RunSemanticIds | None]:
     """The untrained model of ``config`` for ``data``, and its semantic IDs when it uses them
-    (the run's own when it resumes, else another run's or fitted here)."""
+    (the run's own when it resumes, else another run's or fitted here; on rank 0 of a
+    data-parallel run, which sends them to the others)."""
     model_config = build_model_config(
         config.model, num_items=data.num_items, num_users=data.num_users
     )
-    semantic_ids = None
+    semantic_ids: RunSemanticIds | None = None
     if model_config.uses_semantic_ids:
-        semantic_ids = semantic_ids_for_run(config.tokenizer, data, data_dir, run_dir, resume)
+        semantic_ids = group.from_main(
+            lambda: semantic_ids_for_run(config.tokenizer, data, data_dir, run_dir, resume)
+        )
+        assert semantic_ids is not None
         model_config = _with_codebook_sizes(model_config, semantic_ids.ids.codebook_sizes)
     model = build_model(model_config)
     if semantic_ids is not None:
@@ -296,7 +302,23 @@ def train_experiment(
     """Train ``config`` into ``run_dir`` (or continue it, ``resume``); test the best model.
 
     Every check, the Trainer's included, runs before anything is written to ``run_dir``.
+    In a process launched by ``torchrun`` it trains data-parallel with the other launched
+    processes (``seqrec.training.distributed``); every rank returns the same outcome.
     """
+    with data_parallel(config.train.device) as group:
+        return _train_experiment(config, run_dir, group, data_dir, resume, on_epoch_end)
+
+
+def _train_experiment(
+    config: ExperimentConfig,
+    run_dir: Path,
+    group: DataParallel,
+    data_dir: str | Path | None,
+    resume: bool,
+    on_epoch_end: EpochCallback | None,
+) -> TrainOutcome:
+    # Every rank looks at run_dir before the first collective below (data preparation), and
+    # rank 0 writes to it only after that.
     started = (run_dir / CONFIG).is_file() or (run_dir / STATE).exists()
     if started and not resume:
         if _never_trained(run_dir):
@@ -312,40 +334,47 @@ def train_experiment(
         _check_resumable(run_dir)
     config = _absolute_data_path(config)
     check_train_config(config)  # before the data is read or downloaded
-    data = prepare(config.data, data_dir)
+    data = group.local_main_first(lambda: prepare(config.data, data_dir))
     check_num_negatives(config.eval, data.num_items)  # validation uses it: before epoch 1
     seed_everything(config.train.seed)
-    model, semantic_ids = model_for_data(config, data, data_dir, run_dir, started)
+    model, semantic_ids = model_for_data(config, data, data_dir, run_dir, started, group)
     resolved = _resolved(config, model, data)
     if started:
         _check_resume(run_dir, config, resolved)
     if config.train.init_from is not None and not (resume and (run_dir / STATE).exists()):
         warm_start(model, config.train.init_from, data)  # a resumed run has its own weights
-    trainer = Trainer(model, data, config, run_dir, on_epoch_end)
-    if resume and not trainer.resume() and started:  # a new folder is no news
+    trainer = Trainer(model, data, config, run_dir, on_epoch_end, group)
+    if resume and not trainer.resume() and started and group.is_main:  # a new folder is no news
         logger.info("--resume: %s has no completed epoch yet; starting from epoch 1", run_dir)
-    with _removed_unless_checkpointed(run_dir):
-        if config.train.tensorboard:  # fails here, before any write, when the extra is missing
-            trainer.on_epoch_end = tensorboard_callback(
-                run_dir / "tensorboard", trainer.on_epoch_end
-            )
-        if not started:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            data.id_map.save(run_dir / ID_MAP)
-        save_json(resolved, run_dir / CONFIG)  # a resume may have changed a free train field
-        if semantic_ids is not None:
-            semantic_ids.save(run_dir)
-        fit = trainer.fit()
-    test = evaluate_model(model, data, config.eval, split="test", device=str(trainer.device))
-    save_json(
-        {
-            "best_epoch": fit.best_epoch,
-            "epochs": fit.epochs,
-            f"valid_{config.train.monitor}": fit.best_metric,
-            **test.flat(),
-        },
-        run_dir / RESULTS,
+    cleanup: AbstractContextManager[None] = (
+        _removed_unless_checkpointed(run_dir) if group.is_main else nullcontext()
     )
+    with cleanup:
+        if group.is_main:
+            if config.train.tensorboard:  # fails here, before any write, without the extra
+                trainer.on_epoch_end = tensorboard_callback(
+                    run_dir / "tensorboard", trainer.on_epoch_end
+                )
+            if not started:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                data.id_map.save(run_dir / ID_MAP)
+            save_json(resolved, run_dir / CONFIG)  # a resume may have changed a free train field
+            if semantic_ids is not None:
+                semantic_ids.save(run_dir)
+        fit = trainer.fit()
+    test: EvalResult = group.from_main(
+        lambda: evaluate_model(model, data, config.eval, split="test", device=str(trainer.device))
+    )
+    if group.is_main:
+        save_json(
+            {
+                "best_epoch": fit.best_epoch,
+                "epochs": fit.epochs,
+                f"valid_{config.train.monitor}": fit.best_metric,
+                **test.flat(),
+            },
+            run_dir / RESULTS,
+        )
     return TrainOutcome(fit=fit, test=test, data=data, model=model)
 
 

@@ -1,0 +1,253 @@
+"""Data-parallel training under torchrun: two real gloo processes on the CPU against one.
+
+Two ranks summing their share of every batch must follow the one-process trajectory: the same
+losses, validation metrics and weights, up to the order of floating-point sums.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from seqrec.config import ConfigError, experiment_from_raw
+from seqrec.data.batches import TrainBatches
+from seqrec.data.prepare import prepare
+from seqrec.models.base import build_model, build_model_config
+from seqrec.training.loop import check_trainer_config
+from tests.cli.helpers import (
+    RECREC,
+    RECREC_STAGE_2,
+    cli_env,
+    tiny_raw,
+    train_isolated,
+    write_yaml,
+)
+
+
+def torchrun(*args: str, nproc: int = 2, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node nproc ARGS``, one thread a rank."""
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",  # a free port on the loopback
+        "--nproc-per-node",
+        str(nproc),
+        *args,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def train_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return torchrun("-m", "seqrec.cli", "train", *args)
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_trajectory(
+    one: Path, two: Path, noise: tuple[tuple[str, int, int], ...] = ()
+) -> None:
+    """The losses, validation metrics, weights and test results of two runs agree.
+
+    ``noise``: (name suffix, first index, end index) slices whose gradient is zero in exact
+    arithmetic (the key bias: softmax ignores a constant added to every key's score), so that
+    Adam, which divides by the gradient's own scale, turns the sums' rounding into steps of
+    the size of the learning rate.
+    """
+    rows_one, rows_two = metrics_rows(one), metrics_rows(two)
+    assert [r["epoch"] for r in rows_two] == [r["epoch"] for r in rows_one]
+    for a, b in zip(rows_one, rows_two, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+        for key in (k for k in a if k.startswith("valid_")):
+            assert b[key] == pytest.approx(a[key], rel=1e-6), key
+    weights_one = torch.load(one / "model.pt", weights_only=True)
+    weights_two = torch.load(two / "model.pt", weights_only=True)
+    assert weights_two.keys() == weights_one.keys()
+    for name, tensor in weights_one.items():
+        other = weights_two[name].clone()
+        for _, start, end in (n for n in noise if name.endswith(n[0])):
+            other[start:end] = tensor[start:end]
+        torch.testing.assert_close(other, tensor, rtol=1e-5, atol=1e-6, msg=name)
+    results_one = json.loads((one / "results.json").read_text())
+    results_two = json.loads((two / "results.json").read_text())
+    assert results_two["NDCG@10"] == pytest.approx(results_one["NDCG@10"], rel=1e-6)
+
+
+def batch_size_with_a_one_row_last_batch(raw: dict[str, Any], cache: Path) -> int:
+    """A batch size that leaves a last batch of one row: the second rank gets none of it."""
+    config = experiment_from_raw(raw)
+    data = prepare(config.data, cache_dir=cache)
+    model = build_model(build_model_config(config.model, num_items=data.num_items))
+    rows = len(
+        TrainBatches(
+            sequences=data.split.train,
+            users=data.split.train_users,
+            num_items=data.num_items,
+            max_seq_len=model.config.max_seq_len,
+            batch_size=1,
+            needs=model.batch_needs,
+        )
+    )
+    size = next((b for b in range(16, 64) if rows % b == 1), None)
+    assert size is not None, f"no batch size in [16, 64) leaves one of {rows} rows"
+    return size
+
+
+def test_two_ranks_train_and_resume_as_one_process(tmp_path: Path) -> None:
+    raw = tiny_raw(
+        data={"synthetic_users": 160, "synthetic_items": 90},
+        model={"loss": "ce", "dropout": 0.0},
+        train={"batch_parts": 2},
+    )
+    raw["train"]["batch_size"] = batch_size_with_a_one_row_last_batch(raw, tmp_path / "cache")
+    one = train_isolated(raw, tmp_path / "one", tmp_path / "cache")
+
+    config = write_yaml(tmp_path / "config.yaml", raw)
+    two = tmp_path / "two"
+    first = train_cli("--config", str(config), "--set", "train.max_epochs=2", "--out", str(two))
+    assert len(metrics_rows(two)) == 2
+    assert first.stdout.count("trained sasrec: 2 epochs") == 1  # rank 0 reports, once
+    assert "data-parallel training: rank 0 of 2 (gloo)" in first.stderr
+    assert "rank 1 of 2" not in first.stderr  # the other ranks log warnings only
+
+    train_cli("--resume", "--set", "train.max_epochs=3", "--out", str(two))
+    key_bias = ("attn.qkv.bias", 16, 32)  # every block's q, k, v biases of hidden size 16
+    assert_same_trajectory(one, two, noise=(key_bias,))
+
+
+def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path) -> None:
+    """Several optimizer steps a batch (RecRec's per-round deep supervision), each summing
+    the ranks' gradients, as in one process."""
+    model = {**RECREC, "dropout": 0.0, "compressor_dropout": 0.0}
+    stage_1 = train_isolated(
+        tiny_raw(model=model, train={"max_epochs": 1}), tmp_path / "stage1", tmp_path / "cache"
+    )
+    raw = tiny_raw(
+        model={**model, **RECREC_STAGE_2, "supervision_updates": "round"},
+        train={"max_epochs": 2, "init_from": str(stage_1), "batch_size": 48},
+    )
+    one = train_isolated(raw, tmp_path / "one", tmp_path / "cache")
+    two = tmp_path / "two"
+    train_cli("--config", str(write_yaml(tmp_path / "stage2.yaml", raw)), "--out", str(two))
+    assert_same_trajectory(one, two)
+
+
+def test_ranks_draw_their_own_negatives_and_dropout_and_stay_in_step(tmp_path: Path) -> None:
+    """With dropout and sampled negatives the ranks draw differently (no parity with one
+    process), yet their weights stay identical: the run checks them after every epoch."""
+    raw = tiny_raw(model={"loss": "bce", "dropout": 0.3})
+    two = tmp_path / "two"
+    done = train_cli("--config", str(write_yaml(tmp_path / "c.yaml", raw)), "--out", str(two))
+    assert "trained sasrec: 3 epochs" in done.stdout
+    assert len(metrics_rows(two)) == 3
+    assert json.loads((two / "results.json").read_text())["num_users"] > 0
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch import nn
+    from seqrec.training.distributed import data_parallel
+
+    with data_parallel("cpu") as group:
+        rank = group.rank
+        used, unused, other = (nn.Parameter(torch.zeros(3)) for _ in range(3))
+        if rank == 0:  # rank 1 had no rows: no gradient there
+            used.grad = torch.tensor([1.0, 2.0, 3.0])
+        other.grad = torch.full((3,), float(rank + 1))
+        group.sum_gradients([used, unused, other])
+        assert torch.equal(used.grad, torch.tensor([1.0, 2.0, 3.0])), used.grad
+        assert unused.grad is None
+        assert torch.equal(other.grad, torch.full((3,), 3.0)), other.grad
+        summed = group.sum_dicts({"a": 1.0, f"only{rank}": 2.0})
+        assert summed == {"a": 2.0, "only0": 2.0, "only1": 2.0}, summed
+        assert group.from_main(lambda: f"from {rank}") == "from 0"
+
+        model = nn.Linear(2, 2)
+        group.broadcast_module(model)
+        group.check_replicas(model)  # identical after the broadcast
+        if rank == 1:
+            with torch.no_grad():
+                model.bias[0] += 1e-6
+        try:
+            group.check_replicas(model)
+        except RuntimeError as err:
+            print(f"rank {rank}: {err}")
+        else:
+            sys.exit(f"rank {rank}: diverged weights went unnoticed")
+    """
+)
+
+
+def test_collectives_of_the_data_parallel_group(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    done = torchrun(str(script))
+    for rank in (0, 1):
+        assert f"rank {rank}: the ranks' weights differ after an epoch" in done.stdout
+
+
+def test_data_parallel_batches_split_every_step_between_the_ranks() -> None:
+    raw = tiny_raw(data={"synthetic_users": 90, "synthetic_items": 60})
+    config = experiment_from_raw(raw)
+    data = prepare(config.data)
+
+    def steps(rank: int, world_size: int, parts: int) -> list[list[np.ndarray]]:
+        batches = TrainBatches(
+            sequences=data.split.train,
+            users=data.split.train_users,
+            num_items=data.num_items,
+            max_seq_len=20,
+            batch_size=16,
+            parts=parts,
+            rank=rank,
+            world_size=world_size,
+        )
+        return [
+            [part.labels.numpy() for part in step]
+            for step in batches.steps(np.random.default_rng(7), np.random.default_rng(rank))
+        ]
+
+    whole = steps(0, 1, 1)
+    shares = [steps(rank, 3, 2) for rank in range(3)]
+    assert all(len(share) == len(whole) for share in shares)  # every rank joins every step
+    for k, (batch,) in enumerate(whole):
+        labels = [row[row > 0].tolist() for row in batch]
+        pieces = [row[row > 0].tolist() for share in shares for part in share[k] for row in part]
+        assert sorted(pieces) == sorted(labels)  # the ranks' rows are the batch's, once each
+        sizes = [sum(len(part) for part in share[k]) for share in shares]
+        assert max(sizes) - min(sizes) <= 1
+        assert all(len(share[k]) == min(2, size) for share, size in zip(shares, sizes, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"name": "pop"}, "nothing to optimise"),
+        ({"name": "duorec", "hidden_size": 16, "max_seq_len": 20}, "splits by rows"),
+    ],
+)
+def test_models_that_cannot_split_a_batch_between_ranks_are_refused(
+    model: dict[str, Any], message: str
+) -> None:
+    raw = tiny_raw()
+    raw["model"] = model
+    config = experiment_from_raw(raw)
+    built = build_model(build_model_config(config.model, num_items=50, num_users=10))
+    check_trainer_config(built, config, world_size=1)
+    with pytest.raises(ConfigError, match=message):
+        check_trainer_config(built, config, world_size=2)
