@@ -21,6 +21,7 @@ from seqrec.data.schema import DataError
 from seqrec.io import atomic_write_text, written_in_place
 from seqrec.metrics import METRICS
 from seqrec.training.checkpoint import RunDirError
+from seqrec.training.distributed import launched_rank
 
 if TYPE_CHECKING:
     from seqrec.evaluation import EvalResult
@@ -123,7 +124,6 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- train / evaluate
 def cmd_train(args: argparse.Namespace) -> int:
-    from seqrec.training.distributed import launched_rank
     from seqrec.training.run import config_for_resume, train_experiment
 
     out = Path(args.out)
@@ -713,7 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 logs for them
+    if launched_rank() != 0:  # torchrun's other ranks: rank 0 logs for them
         level = max(level, logging.WARNING)
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
 

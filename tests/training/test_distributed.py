@@ -21,6 +21,7 @@ from seqrec.config import ConfigError, experiment_from_raw
 from seqrec.data.batches import TrainBatches
 from seqrec.data.prepare import prepare
 from seqrec.models.base import build_model, build_model_config
+from seqrec.training.distributed import SINGLE_PROCESS, data_parallel, launched_rank
 from seqrec.training.loop import check_trainer_config
 from tests.cli.helpers import (
     RECREC,
@@ -251,3 +252,13 @@ def test_models_that_cannot_split_a_batch_between_ranks_are_refused(
     check_trainer_config(built, config, world_size=1)
     with pytest.raises(ConfigError, match=message):
         check_trainer_config(built, config, world_size=2)
+
+
+def test_a_rank_without_a_world_size_is_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other launchers set RANK for their own purposes: only torchrun's WORLD_SIZE > 1 makes
+    this process a rank of a group (and silences its report)."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert launched_rank() == 0
+    with data_parallel("cpu") as group:
+        assert group == SINGLE_PROCESS

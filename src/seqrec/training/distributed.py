@@ -44,6 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from seqrec.config import ConfigError
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -55,7 +57,7 @@ BUCKET_ELEMENTS = 1 << 22
 
 def launched_rank() -> int:
     """This process's rank as torchrun set it (0 when not launched by torchrun)."""
-    return int(os.environ.get("RANK", "0"))
+    return int(os.environ.get("RANK", "0")) if launched_world_size() > 1 else 0
 
 
 def launched_world_size() -> int:
@@ -224,6 +226,12 @@ def data_parallel(device: str) -> Iterator[DataParallel]:
     owned = not dist.is_initialized()
     if owned:
         cuda = device in ("cuda", "auto") and torch.cuda.is_available()
+        if cuda and local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"torchrun started more processes on this machine than it has GPUs "
+                f"({torch.cuda.device_count()}): use --nproc-per-node "
+                f"{torch.cuda.device_count()}, or train.device: cpu"
+            )
         if cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if cuda else "gloo")
