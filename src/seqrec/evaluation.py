@@ -2,7 +2,9 @@
 
 Users are evaluated in chunks (memory stays bounded), sorted by history length so a chunk
 pads only to its own longest history. Ranks are 0-based internally; ties count against the
-model (see ``seqrec.metrics.rank_of_target``). Exports are 1-based.
+model (see ``seqrec.metrics.rank_of_target``). Exports are 1-based. Several processes may
+share the chunks (``EvalShare``: the ranks of a data-parallel training) and add up their
+ranks, with the same result as one process.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ from seqrec.metrics import all_metrics, mean_and_ci, rank_in_topk, rank_of_targe
 from seqrec.models.base import ScoringRecommender, SequentialRecommender
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalShare:
+    """This process ranks every ``count``-th chunk of users, from chunk ``index``; ``add_up``
+    sums an array over the processes (each holds zeros for the users it did not rank)."""
+
+    index: int
+    count: int
+    add_up: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,11 @@ class NegativeSampler:
         top = keys.topk(min(k, self._num_items), dim=1)
         return torch.where(top.values.isfinite(), top.indices, PAD_ID)
 
+    def skip(self, num_users: int) -> None:
+        """Advance the generator past the draws of ``num_users`` users (another process's
+        chunk), so that the next chunk gets the negatives it gets in one process."""
+        torch.rand(num_users, self._num_items + 1, generator=self._generator, dtype=torch.float64)
+
 
 CPU_CHUNK_POSITIONS = 12800  # history positions per evaluation chunk on a CPU (see EvalConfig)
 
@@ -176,6 +193,7 @@ def evaluate(
     item_counts: npt.NDArray[np.int64] | None = None,
     device: torch.device | str = "cpu",
     split: str = "test",
+    share: EvalShare | None = None,
 ) -> EvalResult:
     """Rank every target of ``eval_set`` and compute every metric at every k.
 
@@ -195,6 +213,7 @@ def evaluate(
         item_counts=item_counts,
         device=device,
         split=split,
+        share=share,
     )
     return result
 
@@ -211,31 +230,34 @@ def evaluate_variants(
     item_counts: npt.NDArray[np.int64] | None = None,
     device: torch.device | str = "cpu",
     split: str = "test",
+    share: EvalShare | None = None,
 ) -> list[EvalResult]:
     """``evaluate`` for several scorings of one model in one pass over the users, e.g. every
     inference depth of a reasoning model, sharing the encoder's work: one result per score
     matrix ``variants`` returns, each ranked against the same sampled negatives.
-    ``variants`` None ranks a generative model inside its top max(ks)."""
+    ``variants`` None ranks a generative model inside its top max(ks). With ``share``, this
+    process ranks its share of the chunks and every process returns the whole result."""
     check_num_negatives(config, num_items)
     model.eval()
     max_len = model.config.max_seq_len
-    sampler = None
     short_users = 0
+    sampler = None
     if config.protocol == "sampled":
         if variants is None:
             raise ValueError(
                 f"the sampled protocol ranks candidates by score; {model.config.name} only "
                 "returns a top-k list, so evaluate it with protocol: full"
             )
-        weights = None
-        if config.negative_sampling == "popularity":
-            if item_counts is None:
-                raise ValueError("popularity-sampled negatives need item_counts")
-            weights = torch.from_numpy(item_counts.astype(np.float64))
-        sampler = NegativeSampler(all_sequences, num_items, weights, config.seed)
+        sampler = _negative_sampler(config, all_sequences, num_items, item_counts)
     ranks: list[npt.NDArray[np.int64]] = []
     histories = eval_set.histories
-    for chunk in _chunks(histories.lengths, chunk_users(config, max_len, device)):
+    for number, chunk in enumerate(
+        _chunks(histories.lengths, chunk_users(config, max_len, device))
+    ):
+        if share is not None and number % share.count != share.index:
+            if sampler is not None:
+                sampler.skip(len(chunk))
+            continue
         input_ids = torch.from_numpy(left_padded(histories, chunk, max_len)).to(device)
         users = torch.from_numpy(eval_set.users[chunk]).to(device)
         targets = torch.from_numpy(eval_set.targets[chunk].astype(np.int64))
@@ -262,10 +284,38 @@ def evaluate_variants(
             )
         for variant_ranks, chunk_rank in zip(ranks, chunk_ranks, strict=True):
             variant_ranks[chunk] = chunk_rank.numpy()
+    if share is not None:
+        ranks, short_users = _added_up(ranks, short_users, share, len(eval_set))
     return [
         _result(variant_ranks, eval_set, config, num_items, split, short_users)
         for variant_ranks in ranks or [np.zeros(0, dtype=np.int64)]
     ]
+
+
+def _negative_sampler(
+    config: EvalConfig,
+    all_sequences: Sequences,
+    num_items: int,
+    item_counts: npt.NDArray[np.int64] | None,
+) -> NegativeSampler:
+    weights = None
+    if config.negative_sampling == "popularity":
+        if item_counts is None:
+            raise ValueError("popularity-sampled negatives need item_counts")
+        weights = torch.from_numpy(item_counts.astype(np.float64))
+    return NegativeSampler(all_sequences, num_items, weights, config.seed)
+
+
+def _added_up(
+    ranks: list[npt.NDArray[np.int64]], short_users: int, share: EvalShare, num_users: int
+) -> tuple[list[npt.NDArray[np.int64]], int]:
+    """Every process's ranks (and short users) summed. A process that ranked no chunk (more
+    processes than chunks) learns the number of variants from those that did."""
+    variant_total, rankers = share.add_up(np.array([len(ranks), int(bool(ranks))]))
+    variants = int(variant_total // rankers) if rankers else 0
+    mine = ranks or [np.zeros(num_users, dtype=np.int64) for _ in range(variants)]
+    flat = share.add_up(np.concatenate([*mine, np.array([short_users], dtype=np.int64)]))
+    return [flat[v * num_users : (v + 1) * num_users] for v in range(len(mine))], int(flat[-1])
 
 
 def _result(
@@ -297,10 +347,11 @@ def evaluate_model(
     *,
     split: SplitChoice = "test",
     device: torch.device | str = "cpu",
+    share: EvalShare | None = None,
 ) -> EvalResult:
     """Evaluate ``model`` on the test (or validation) users of ``data``."""
     (result,) = evaluate_model_variants(
-        model, data, config, _model_scores(model), split=split, device=device
+        model, data, config, _model_scores(model), split=split, device=device, share=share
     )
     return result
 
@@ -313,6 +364,7 @@ def evaluate_model_variants(
     *,
     split: SplitChoice = "test",
     device: torch.device | str = "cpu",
+    share: EvalShare | None = None,
 ) -> list[EvalResult]:
     """``evaluate_variants`` on the test (or validation) users of ``data``."""
     return evaluate_variants(
@@ -325,6 +377,7 @@ def evaluate_model_variants(
         item_counts=data.item_counts(),
         device=device,
         split=split,
+        share=share,
     )
 
 

@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from seqrec.config import ConfigError, experiment_from_raw
+from seqrec.config import ConfigError, EvalConfig, experiment_from_raw
 from seqrec.data.batches import TrainBatches
 from seqrec.data.prepare import prepare
+from seqrec.evaluation import EvalResult, EvalShare, evaluate_model
 from seqrec.models.base import build_model, build_model_config
 from seqrec.training.distributed import SINGLE_PROCESS, data_parallel, launched_rank
 from seqrec.training.loop import check_trainer_config
@@ -131,7 +134,8 @@ def test_two_ranks_train_and_resume_as_one_process(tmp_path: Path) -> None:
 
 def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path) -> None:
     """Several optimizer steps a batch (RecRec's per-round deep supervision), each summing
-    the ranks' gradients, as in one process."""
+    the ranks' gradients, as in one process; validated on the sampled protocol, whose
+    negatives the ranks draw as one process does."""
     model = {**RECREC, "dropout": 0.0, "compressor_dropout": 0.0}
     stage_1 = train_isolated(
         tiny_raw(model=model, train={"max_epochs": 1}), tmp_path / "stage1", tmp_path / "cache"
@@ -139,6 +143,7 @@ def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path)
     raw = tiny_raw(
         model={**model, **RECREC_STAGE_2, "supervision_updates": "round"},
         train={"max_epochs": 2, "init_from": str(stage_1), "batch_size": 48},
+        eval={"protocol": "sampled", "num_negatives": 50, "batch_size": 32},
     )
     one = train_isolated(raw, tmp_path / "one", tmp_path / "cache")
     two = tmp_path / "two"
@@ -219,7 +224,7 @@ def test_data_parallel_batches_split_every_step_between_the_ranks() -> None:
             world_size=world_size,
         )
         return [
-            [part.labels.numpy() for part in step]
+            [np.asarray(part.labels) for part in step]
             for step in batches.steps(np.random.default_rng(7), np.random.default_rng(rank))
         ]
 
@@ -262,3 +267,50 @@ def test_a_rank_without_a_world_size_is_one_process(monkeypatch: pytest.MonkeyPa
     assert launched_rank() == 0
     with data_parallel("cpu") as group:
         assert group == SINGLE_PROCESS
+
+
+class SummingExchange:
+    """``EvalShare.add_up`` for processes simulated by threads: each call waits for every
+    thread's array and returns their sum, as an all-reduce does."""
+
+    def __init__(self, count: int) -> None:
+        self._barrier = threading.Barrier(count)
+        self._arrays: dict[int, np.ndarray] = {}
+
+    def add_up(self, index: int) -> Any:
+        def add_up(values: np.ndarray) -> np.ndarray:
+            self._arrays[index] = values.copy()
+            self._barrier.wait()
+            total: np.ndarray = sum(self._arrays.values())  # type: ignore[assignment]
+            self._barrier.wait()  # every thread has its sum before the next call overwrites
+            return total
+
+        return add_up
+
+
+@pytest.mark.parametrize("protocol", ["full", "sampled"])
+@pytest.mark.parametrize(("count", "chunk_users"), [(3, 16), (3, 1000)])
+def test_evaluation_shared_between_processes_equals_one_process(
+    protocol: str, count: int, chunk_users: int
+) -> None:
+    """Every process gets the whole result, with the ranks one process computes (the
+    sampled negatives too); with more processes than chunks some rank none."""
+    raw = tiny_raw(data={"synthetic_users": 90, "synthetic_items": 60})
+    config = experiment_from_raw(raw)
+    data = prepare(config.data)
+    model = build_model(build_model_config(config.model, num_items=data.num_items))
+    eval_config = EvalConfig(protocol=protocol, num_negatives=20, batch_size=chunk_users)  # type: ignore[arg-type]
+    alone = evaluate_model(model, data, eval_config)
+    exchange = SummingExchange(count)
+
+    def share(index: int) -> EvalResult:
+        return evaluate_model(
+            model, data, eval_config, share=EvalShare(index, count, exchange.add_up(index))
+        )
+
+    with ThreadPoolExecutor(count) as pool:
+        shared = list(pool.map(share, range(count)))
+    for result in shared:
+        np.testing.assert_array_equal(result.ranks, alone.ranks)
+        assert result.metrics == alone.metrics
+        assert result.protocol == alone.protocol

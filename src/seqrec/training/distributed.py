@@ -21,10 +21,12 @@ How a step is shared:
   (``batch_parts``) and a model may step several times a batch (``updates_per_batch``, from a
   generator rather than ``forward``), which DDP's reducer, tied to its module's ``forward``,
   does not follow. The price is that communication does not overlap the backward pass.
-- Validation, the test and every file of the run directory are rank 0's; it sends the
-  metrics (and the wall time, for ``time_budget_minutes``) to the others, so every rank takes
-  the same early-stopping decision. After every epoch the ranks check that their weights are
-  still identical.
+- Validation and the test are shared: each rank ranks every P-th chunk of the users and the
+  ranks are summed (``seqrec.evaluation.EvalShare``; sampled negatives are drawn as in one
+  process), so every rank computes the same metrics and takes the same early-stopping
+  decision. Every file of the run directory is rank 0's, and so is the clock of
+  ``time_budget_minutes``. After every epoch the ranks check that their weights are still
+  identical.
 
 The backend is NCCL when training on CUDA (each rank on GPU ``LOCAL_RANK``), gloo on CPU, where
 two processes on one machine also test all of it. Across machines the run directory must be
@@ -40,11 +42,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from seqrec.config import ConfigError
+from seqrec.evaluation import EvalShare
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +143,18 @@ class DataParallel:
             for key, value in (part or {}).items():
                 total[key] = total.get(key, 0.0) + value
         return total
+
+    def evaluation_share(self) -> EvalShare | None:
+        """This rank's share of an evaluation's users (None in one process: all of them)."""
+        if self.world_size == 1:
+            return None
+        return EvalShare(index=self.rank, count=self.world_size, add_up=self._sum_array)
+
+    def _sum_array(self, values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        tensor = torch.from_numpy(values.astype(np.int64)).to(self._collective_device())
+        dist.all_reduce(tensor)
+        summed: npt.NDArray[np.int64] = tensor.cpu().numpy()
+        return summed
 
     def broadcast_module(self, module: nn.Module) -> None:
         """Rank 0's parameters and buffers on every rank (every rank builds the model from

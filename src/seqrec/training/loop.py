@@ -288,8 +288,8 @@ class Trainer:
     """Fits a model on prepared data; with a run directory it checkpoints every epoch.
 
     With a ``group`` of several data-parallel ranks, each rank runs its own ``Trainer`` on
-    its share of every batch; rank 0 validates, calls ``on_epoch_end`` and writes the run
-    directory.
+    its share of every batch and of the validation users; rank 0 calls ``on_epoch_end`` and
+    writes the run directory.
     """
 
     def __init__(
@@ -333,15 +333,16 @@ class Trainer:
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
 
     def validate(self) -> dict[str, float]:
-        """Validation metrics (computed on rank 0, the same on every rank)."""
-
-        def metrics() -> dict[str, float]:
-            result = evaluate_model(
-                self.model, self.data, self.config.eval, split="valid", device=self.device
-            )
-            return result.metrics
-
-        return self.group.from_main(metrics)
+        """Validation metrics (with several ranks, each ranks its share of the users)."""
+        result = evaluate_model(
+            self.model,
+            self.data,
+            self.config.eval,
+            split="valid",
+            device=self.device,
+            share=self.group.evaluation_share(),
+        )
+        return result.metrics
 
     def resume(self) -> bool:
         """Load the last completed epoch from the run directory; False when there is none."""

@@ -362,8 +362,13 @@ def _train_experiment(
             if semantic_ids is not None:
                 semantic_ids.save(run_dir)
         fit = trainer.fit()
-    test: EvalResult = group.from_main(
-        lambda: evaluate_model(model, data, config.eval, split="test", device=str(trainer.device))
+    test = evaluate_model(
+        model,
+        data,
+        config.eval,
+        split="test",
+        device=str(trainer.device),
+        share=group.evaluation_share(),
     )
     if group.is_main:
         save_json(
