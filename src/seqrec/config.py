@@ -175,6 +175,10 @@ class TrainConfig:
     # Stop after the epoch in which training + validation time reaches this budget (equal
     # wall-clock budgets for model comparisons); None = no limit.
     time_budget_minutes: float | None = None
+    # Data-parallel training (torchrun): how long a rank waits in a collective for the others
+    # (e.g. while the first process of a machine prepares or downloads the data) before the
+    # run fails; a hung rank is noticed after this long.
+    collective_timeout_minutes: float = 60.0
 
     def __post_init__(self) -> None:
         check_float("train.lr", self.lr, above=0)
@@ -206,6 +210,7 @@ class TrainConfig:
             nullable=True,
             null_means="for no limit",
         )
+        check_float("train.collective_timeout_minutes", self.collective_timeout_minutes, above=0)
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(
                 f"train.num_threads must be >= 1, or null for all cores, got {self.num_threads}"

@@ -170,6 +170,8 @@ BAD_TRAIN = [
     ("time_budget_minutes", 0.0, "> 0, or null for no limit"),
     ("time_budget_minutes", float("nan"), "> 0, or null for no limit"),
     ("time_budget_minutes", float("inf"), "> 0, or null for no limit"),
+    ("collective_timeout_minutes", 0.0, "> 0"),
+    ("collective_timeout_minutes", float("inf"), "> 0"),
     ("num_threads", 0, ">= 1, or null for all cores"),
     ("num_threads", -1, ">= 1, or null for all cores"),
     ("seed", -1, "in [0, 2**64)"),

@@ -239,3 +239,76 @@ def test_default_configs_build(name: str) -> None:
 )
 def test_boundary_floats_stay_valid(name: str, values: dict[str, float]) -> None:
     build_model_config({"name": name, **values}, num_items=NUM_ITEMS, num_users=3)
+
+
+# Models that declare a loss that splits by rows (ModelConfig.loss_splits_by_rows) at their
+# tiny size with these changes: they may train a batch in parts (train.batch_parts) and on
+# several data-parallel ranks.
+SPLITS_BY_ROWS: dict[str, dict[str, object]] = {
+    "fism": {},
+    "fmc": {},
+    "fpmc": {},
+    "gru4rec": {"negative_sampler": "uniform"},  # its default draws in-batch negatives
+    "gsasrec": {},
+    "mamba4rec": {},
+    "rearec": {},
+    "recrec": {},
+    "sasrec": {},
+    "transrec": {},
+}
+
+
+def without_dropout(name: str, **changes: object) -> SequentialRecommender:
+    """The tiny model with every dropout rate at zero: parts and whole draw no masks."""
+    config = tiny_model(name, **changes).config
+    rates = {
+        f.name: 0.0
+        for f in dataclasses.fields(config)
+        if "dropout" in f.name and isinstance(getattr(config, f.name), float)
+    }
+    torch.manual_seed(0)
+    return tiny_model(name, **changes, **rates)
+
+
+def test_the_models_whose_loss_splits_by_rows() -> None:
+    def declares(name: str) -> bool:
+        return tiny_model(name, **SPLITS_BY_ROWS.get(name, {})).config.loss_splits_by_rows
+
+    assert {name for name in MODELS.names() if declares(name)} == set(SPLITS_BY_ROWS)
+    assert not tiny_model("gru4rec").config.loss_splits_by_rows
+
+
+def rows(batch: SeqBatch, keep: slice) -> SeqBatch:
+    """The rows ``keep`` of every per-row field (log_q is the sampler's, not a row's)."""
+    sliced = {
+        f.name: getattr(batch, f.name)[keep]
+        for f in dataclasses.fields(batch)
+        if f.name != "log_q" and getattr(batch, f.name) is not None
+    }
+    return dataclasses.replace(batch, **sliced)
+
+
+@pytest.mark.parametrize("name", sorted(SPLITS_BY_ROWS))
+def test_a_loss_that_splits_by_rows_gives_the_batch_gradient_in_parts(
+    name: str, batch: SeqBatch
+) -> None:
+    """Each part's loss weighted by its share of the positions sums to the batch's gradient:
+    what batch_parts and data-parallel ranks rely on."""
+    model = without_dropout(name, **SPLITS_BY_ROWS[name]).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    whole = torch.autograd.grad(model(batch).loss, params, allow_unused=True)
+    parts = [rows(batch, slice(0, 1)), rows(batch, slice(1, None))]
+    total = sum(part.num_targets for part in parts)
+    assert total == batch.num_targets
+    summed = torch.autograd.grad(
+        sum(model(part).loss * (part.num_targets / total) for part in parts),
+        params,
+        allow_unused=True,
+    )
+    for param_name, a, b in zip(
+        [n for n, p in model.named_parameters() if p.requires_grad], whole, summed, strict=True
+    ):
+        if a is None or b is None:
+            assert (a is None) == (b is None), param_name
+            continue
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=param_name)

@@ -24,8 +24,13 @@ from seqrec.data.batches import TrainBatches
 from seqrec.data.prepare import prepare
 from seqrec.evaluation import EvalResult, EvalShare, evaluate_model
 from seqrec.models.base import build_model, build_model_config
-from seqrec.training.distributed import SINGLE_PROCESS, data_parallel, launched_rank
-from seqrec.training.loop import check_trainer_config
+from seqrec.training.distributed import (
+    SINGLE_PROCESS,
+    DataParallel,
+    data_parallel,
+    launched_rank,
+)
+from seqrec.training.loop import check_trainer_config, epoch_randomness
 from tests.cli.helpers import (
     RECREC,
     RECREC_STAGE_2,
@@ -151,7 +156,7 @@ def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path)
     assert_same_trajectory(one, two)
 
 
-def test_ranks_draw_their_own_negatives_and_dropout_and_stay_in_step(tmp_path: Path) -> None:
+def test_ranks_stay_in_step_with_dropout_and_sampled_negatives(tmp_path: Path) -> None:
     """With dropout and sampled negatives the ranks draw differently (no parity with one
     process), yet their weights stay identical: the run checks them after every epoch."""
     raw = tiny_raw(model={"loss": "bce", "dropout": 0.3})
@@ -162,27 +167,56 @@ def test_ranks_draw_their_own_negatives_and_dropout_and_stay_in_step(tmp_path: P
     assert json.loads((two / "results.json").read_text())["num_users"] > 0
 
 
+def test_ranks_share_the_batch_order_and_draw_their_own_samples_and_dropout() -> None:
+    def draws(group: DataParallel) -> tuple[list[int], list[int], int]:
+        order, sample, torch_seed = epoch_randomness(7, 3, group)
+        return order.permutation(50).tolist(), sample.integers(0, 10**9, 5).tolist(), torch_seed
+
+    alone = epoch_randomness(7, 3)
+    assert alone[0] is alone[1]  # one process: one stream, as before data-parallel training
+    rank_0, rank_1 = (draws(DataParallel(rank=r, world_size=2)) for r in (0, 1))
+    assert rank_0[0] == rank_1[0] == draws(SINGLE_PROCESS)[0]
+    assert rank_0[1] != rank_1[1]
+    assert rank_0[2] != rank_1[2]
+
+
 WORKER = textwrap.dedent(
     """
     import sys
     import torch
     from torch import nn
+    from seqrec.training import distributed
     from seqrec.training.distributed import data_parallel
 
+    distributed.BUCKET_ELEMENTS = 4  # several buckets, and tensors larger than one
     with data_parallel("cpu") as group:
         rank = group.rank
         used, unused, other = (nn.Parameter(torch.zeros(3)) for _ in range(3))
+        wide = nn.Parameter(torch.zeros(2, 5))
+        half = nn.Parameter(torch.zeros(2, dtype=torch.float64))
         if rank == 0:  # rank 1 had no rows: no gradient there
             used.grad = torch.tensor([1.0, 2.0, 3.0])
         other.grad = torch.full((3,), float(rank + 1))
-        group.sum_gradients([used, unused, other])
+        wide.grad = torch.arange(10.0).reshape(5, 2).t() * (rank + 1)  # not contiguous
+        half.grad = torch.full((2,), 0.5, dtype=torch.float64)
+        group.sum_gradients([used, unused, other, half, wide])
         assert torch.equal(used.grad, torch.tensor([1.0, 2.0, 3.0])), used.grad
         assert unused.grad is None
         assert torch.equal(other.grad, torch.full((3,), 3.0)), other.grad
+        assert torch.equal(wide.grad, torch.arange(10.0).reshape(5, 2).t() * 3), wide.grad
+        assert torch.equal(half.grad, torch.ones(2, dtype=torch.float64)), half.grad
+        group.agree(5, "a number")
+        try:
+            group.agree(rank, "their rank")
+        except RuntimeError as err:
+            print(f"rank {rank}: {err}")
+        else:
+            sys.exit(f"rank {rank}: a disagreement went unnoticed")
         summed = group.sum_dicts({"a": 1.0, f"only{rank}": 2.0})
         assert summed == {"a": 2.0, "only0": 2.0, "only1": 2.0}, summed
         assert group.from_main(lambda: f"from {rank}") == "from 0"
 
+        torch.manual_seed(rank)  # different weights on every rank, until the broadcast
         model = nn.Linear(2, 2)
         group.broadcast_module(model)
         group.check_replicas(model)  # identical after the broadcast
@@ -204,6 +238,7 @@ def test_collectives_of_the_data_parallel_group(tmp_path: Path) -> None:
     script.write_text(WORKER)
     done = torchrun(str(script))
     for rank in (0, 1):
+        assert f"rank {rank}: the ranks disagree on their rank (0, 1 on ranks 0..1)" in done.stdout
         assert f"rank {rank}: the ranks' weights differ after an epoch" in done.stdout
 
 

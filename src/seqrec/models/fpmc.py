@@ -52,6 +52,10 @@ class FPMCConfig(ItemLossConfig):
         if self.num_users < 1:
             raise ConfigError("model fpmc needs the number of users from the data")
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return self.negative_sampler != "in_batch"  # other rows' targets are negatives
+
 
 @register_model
 class FPMC(ScoringRecommender):

@@ -89,6 +89,10 @@ class ReaRecConfig(ModelConfig):
             )
         return config
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return True  # CE and the steps' KL at every position, each of its own row
+
 
 def reasoning_mask(real: Tensor, positions: Tensor, steps: int) -> Tensor:
     """(B, L) real items, (G,) positions with reasoning tokens -> (B, 1, T, T) bool mask,

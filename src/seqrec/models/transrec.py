@@ -77,6 +77,10 @@ class TransRecConfig(ItemLossConfig):
                 "L2 distances is not a dot product); use a sampled loss with distance: l2"
             )
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return self.negative_sampler != "in_batch"  # other rows' targets are negatives
+
 
 @register_model
 class TransRec(ScoringRecommender):

@@ -40,7 +40,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -55,8 +56,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Gradient elements per all-reduce: large enough to amortise a collective's latency, small
-# enough that the flattened copy of a large embedding table's gradient is not made at once.
+# Gradient elements per flattened all-reduce: enough to amortise a collective's latency
+# over many small tensors. A tensor this large or larger is reduced in place, on its own.
 BUCKET_ELEMENTS = 1 << 22
 
 
@@ -81,10 +82,12 @@ class DataParallel:
 
     @property
     def is_main(self) -> bool:
+        """Rank 0: the one that logs and writes the run directory."""
         return self.rank == 0
 
     @property
     def is_local_main(self) -> bool:
+        """The first rank of its machine: the one that prepares the data there."""
         return self.local_rank == 0
 
     def device(self, device: torch.device) -> torch.device:
@@ -94,6 +97,7 @@ class DataParallel:
         return device
 
     def barrier(self) -> None:
+        """Wait until every rank is here."""
         if self.world_size > 1:
             dist.barrier()
 
@@ -114,15 +118,28 @@ class DataParallel:
         """``value()`` computed on rank 0 only and sent to every rank."""
         if self.world_size == 1:
             return value()
-        return self.broadcast(value() if self.is_main else None)
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (a picklable Python object)."""
-        if self.world_size == 1:
-            return obj
-        box = [obj]
+        box = [value() if self.is_main else None]
         dist.broadcast_object_list(box, src=0, device=self._collective_device())
-        return box[0]
+        return cast(T, box[0])
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every rank (a picklable Python object)."""
+        return self.from_main(lambda: obj)
+
+    def agree(self, value: int, what: str) -> None:
+        """Raise on every rank unless every rank holds the same ``value``."""
+        if self.world_size == 1:
+            return
+        local = torch.tensor([value], dtype=torch.int64, device=self._collective_device())
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local)
+        values = [int(t.item()) for t in gathered]
+        if len(set(values)) > 1:
+            raise RuntimeError(
+                f"the ranks disagree on {what} ({', '.join(map(str, values))} on ranks "
+                f"0..{self.world_size - 1}): on several machines the run directory must be on "
+                "a file system every machine sees"
+            )
 
     def sum_floats(self, values: Sequence[float]) -> list[float]:
         """Each value summed over the ranks, in float64."""
@@ -182,6 +199,9 @@ class DataParallel:
                 p.grad = torch.zeros_like(p)
         for bucket in _buckets(reduced):
             grads = [p.grad for p in bucket if p.grad is not None]
+            if len(grads) == 1 and grads[0].is_contiguous():  # no flattened copy
+                dist.all_reduce(grads[0])
+                continue
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat)
             offset = 0
@@ -194,7 +214,7 @@ class DataParallel:
         if self.world_size == 1:
             return
         with torch.no_grad():
-            local = torch.stack([p.detach().double().sum() for p in module.parameters()])
+            local = torch.stack([p.sum(dtype=torch.float64) for p in module.parameters()])
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local)
         if any(not torch.equal(gathered[0], other) for other in gathered[1:]):
@@ -230,10 +250,13 @@ def _buckets(parameters: Sequence[Tensor]) -> Iterator[list[Tensor]]:
 
 
 @contextmanager
-def data_parallel(device: str) -> Iterator[DataParallel]:
+def data_parallel(
+    device: str, timeout: timedelta = timedelta(minutes=60)
+) -> Iterator[DataParallel]:
     """The process group torchrun set up this process for (``SINGLE_PROCESS`` when it was
     not launched by torchrun), joined on entry and left on exit. A group the caller already
-    initialised is used and left to the caller."""
+    initialised is used and left to the caller. ``timeout``: how long a collective waits
+    for the other ranks (NCCL's default, 10 minutes, is shorter than a first download)."""
     world_size = launched_world_size()
     if world_size == 1:
         yield SINGLE_PROCESS
@@ -251,7 +274,7 @@ def data_parallel(device: str) -> Iterator[DataParallel]:
             )
         if cuda:
             torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
     elif dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise RuntimeError("the initialised process group is not the one torchrun launched")
     group = DataParallel(rank=rank, world_size=world_size, local_rank=local_rank)

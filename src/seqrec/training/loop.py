@@ -31,7 +31,7 @@ from seqrec.data.batches import TrainBatches
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import evaluate_model
 from seqrec.metrics import METRICS
-from seqrec.models.base import SequentialRecommender, build_model_config
+from seqrec.models.base import ModelConfig, SequentialRecommender, build_model_config
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
 from seqrec.training.cpu_allocator import keep_freed_memory
 from seqrec.training.distributed import SINGLE_PROCESS, DataParallel
@@ -59,6 +59,19 @@ def epoch_seeds(seed: int, epoch: int, rank: int | None = None) -> tuple[np.rand
     (with ``rank``, a stream of that data-parallel rank's own)."""
     sequence = np.random.SeedSequence([seed, epoch] if rank is None else [seed, epoch, rank])
     return np.random.default_rng(sequence), int(sequence.generate_state(1, np.uint64)[0] >> 1)
+
+
+def epoch_randomness(
+    seed: int, epoch: int, group: DataParallel = SINGLE_PROCESS
+) -> tuple[np.random.Generator, np.random.Generator, int]:
+    """An epoch's generators of the batch order (the same on every data-parallel rank) and of
+    what batches sample (negatives), and its torch seed (dropout); the last two are each
+    rank's own, and in one process the order's."""
+    order_rng, torch_seed = epoch_seeds(seed, epoch)
+    if group.world_size == 1:
+        return order_rng, order_rng, torch_seed
+    sample_rng, torch_seed = epoch_seeds(seed, epoch, group.rank)
+    return order_rng, sample_rng, torch_seed
 
 
 def check_train_config(config: ExperimentConfig) -> None:
@@ -91,20 +104,26 @@ def check_trainer_config(
         )
     if config.train.batch_parts > 1 and not model.config.loss_splits_by_rows:
         raise ConfigError(
-            f"train.batch_parts needs a loss that splits by rows; {model.config.name} "
-            "with these settings couples the rows of a batch (in-batch negatives or a "
-            "contrastive term): use train.batch_parts=1"
+            f"train.batch_parts needs a loss that splits by rows, which {model.config.name} "
+            "with these settings does not declare (ModelConfig.loss_splits_by_rows; in-batch "
+            "negatives or a contrastive term couple a batch's rows): use train.batch_parts=1"
         )
     if world_size > 1 and not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(
             f"{model.config.name} has nothing to optimise (it learns by counting in one pass "
             "over the data): train it in one process"
         )
-    if world_size > 1 and not model.config.loss_splits_by_rows:
+    check_data_parallel(model.config, world_size)
+
+
+def check_data_parallel(model: ModelConfig, world_size: int) -> None:
+    """Several data-parallel ranks split every batch, which needs a loss that splits by rows."""
+    if world_size > 1 and not model.loss_splits_by_rows:
         raise ConfigError(
-            f"data-parallel training splits each batch between the ranks, which needs a loss "
-            f"that splits by rows; {model.config.name} with these settings couples the rows "
-            "of a batch (in-batch negatives or a contrastive term): train it in one process"
+            f"data-parallel training splits every batch between the ranks, which needs a loss "
+            f"that splits by rows; {model.name} with these settings does not declare one "
+            "(ModelConfig.loss_splits_by_rows; in-batch negatives or a contrastive term "
+            "couple a batch's rows): train it in one process"
         )
 
 
@@ -345,7 +364,13 @@ class Trainer:
         return result.metrics
 
     def resume(self) -> bool:
-        """Load the last completed epoch from the run directory; False when there is none."""
+        """Load the last completed epoch from the run directory; False when there is none.
+        Every data-parallel rank must find the same one."""
+        resumed = self._load_checkpoint()
+        self.group.agree(self.state.epoch, "the epoch they resume after")
+        return resumed
+
+    def _load_checkpoint(self) -> bool:
         if self.run_dir is None or not (self.run_dir / STATE).exists():
             return False
         saved = load_torch(self.run_dir / STATE)
@@ -434,10 +459,7 @@ class Trainer:
         while not self.state.finished and self.state.epoch < train.max_epochs:
             epoch = self.state.epoch + 1
             epoch_started = time.perf_counter()
-            numpy_rng, torch_seed = epoch_seeds(train.seed, epoch)
-            sample_rng = numpy_rng
-            if self.group.world_size > 1:  # the batch order is shared, the draws per rank
-                sample_rng, torch_seed = epoch_seeds(train.seed, epoch, self.group.rank)
+            numpy_rng, sample_rng, torch_seed = epoch_randomness(train.seed, epoch, self.group)
             torch.manual_seed(torch_seed)
             with tqdm(
                 total=len(self.batches),

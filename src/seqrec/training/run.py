@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +56,13 @@ from seqrec.training.loop import (
     EpochCallback,
     FitResult,
     Trainer,
+    check_data_parallel,
     check_train_config,
     resolve_device,
     seed_everything,
 )
 from seqrec.training.semantic_ids import RunSemanticIds, semantic_ids_for_run
-from seqrec.training.tensorboard import tensorboard_callback
+from seqrec.training.tensorboard import check_tensorboard, tensorboard_callback
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,15 @@ def _resolved(
 # train.max_epochs=400`` trains a finished run further; eval.batch_size only chunks the users).
 RESUME_FREE_FIELDS = {
     "train": frozenset(
-        {"max_epochs", "patience", "time_budget_minutes", "num_threads", "progress", "device"}
+        {
+            "max_epochs",
+            "patience",
+            "time_budget_minutes",
+            "num_threads",
+            "progress",
+            "device",
+            "collective_timeout_minutes",
+        }
     ),
     "eval": frozenset({"batch_size"}),
 }
@@ -240,6 +250,7 @@ def model_for_data(
     model_config = build_model_config(
         config.model, num_items=data.num_items, num_users=data.num_users
     )
+    check_data_parallel(model_config, group.world_size)  # before semantic IDs are fitted
     semantic_ids: RunSemanticIds | None = None
     if model_config.uses_semantic_ids:
         semantic_ids = group.from_main(
@@ -305,20 +316,13 @@ def train_experiment(
     In a process launched by ``torchrun`` it trains data-parallel with the other launched
     processes (``seqrec.training.distributed``); every rank returns the same outcome.
     """
-    with data_parallel(config.train.device) as group:
+    timeout = timedelta(minutes=config.train.collective_timeout_minutes)
+    with data_parallel(config.train.device, timeout) as group:
         return _train_experiment(config, run_dir, group, data_dir, resume, on_epoch_end)
 
 
-def _train_experiment(
-    config: ExperimentConfig,
-    run_dir: Path,
-    group: DataParallel,
-    data_dir: str | Path | None,
-    resume: bool,
-    on_epoch_end: EpochCallback | None,
-) -> TrainOutcome:
-    # Every rank looks at run_dir before the first collective below (data preparation), and
-    # rank 0 writes to it only after that.
+def _holds_a_run(run_dir: Path, resume: bool) -> bool:
+    """Whether ``run_dir`` holds a run already; refuses what cannot be trained there."""
     started = (run_dir / CONFIG).is_file() or (run_dir / STATE).exists()
     if started and not resume:
         if _never_trained(run_dir):
@@ -332,6 +336,20 @@ def _train_experiment(
         )
     if resume:
         _check_resumable(run_dir)
+    return started
+
+
+def _train_experiment(
+    config: ExperimentConfig,
+    run_dir: Path,
+    group: DataParallel,
+    data_dir: str | Path | None,
+    resume: bool,
+    on_epoch_end: EpochCallback | None,
+) -> TrainOutcome:
+    # Every rank decides whether run_dir holds a run before the first collective below (data
+    # preparation), and rank 0 writes to it only after that.
+    started = _holds_a_run(run_dir, resume)
     config = _absolute_data_path(config)
     check_train_config(config)  # before the data is read or downloaded
     data = group.local_main_first(lambda: prepare(config.data, data_dir))
@@ -346,12 +364,14 @@ def _train_experiment(
     trainer = Trainer(model, data, config, run_dir, on_epoch_end, group)
     if resume and not trainer.resume() and started and group.is_main:  # a new folder is no news
         logger.info("--resume: %s has no completed epoch yet; starting from epoch 1", run_dir)
+    if config.train.tensorboard:  # on every rank: fails here, before any write, without it
+        check_tensorboard()
     cleanup: AbstractContextManager[None] = (
         _removed_unless_checkpointed(run_dir) if group.is_main else nullcontext()
     )
     with cleanup:
         if group.is_main:
-            if config.train.tensorboard:  # fails here, before any write, without the extra
+            if config.train.tensorboard:
                 trainer.on_epoch_end = tensorboard_callback(
                     run_dir / "tensorboard", trainer.on_epoch_end
                 )
