@@ -573,7 +573,13 @@ def build_parser() -> argparse.ArgumentParser:
             )
         p.set_defaults(handler=handler)
 
-    p = sub.add_parser("train", help="train a model into a run directory")
+    p = sub.add_parser(
+        "train",
+        help="train a model into a run directory",
+        description="Train a model into a run directory. Launched by torchrun "
+        "(torchrun --nproc-per-node P -m seqrec.cli train ...), the P processes train "
+        "data-parallel with the same config and write one run directory.",
+    )
     _config_flags(p, required=False)
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue from the last completed epoch")
