@@ -254,7 +254,9 @@ SPLITS_BY_ROWS: dict[str, dict[str, object]] = {
     "rearec": {},
     "recrec": {},
     "sasrec": {},
+    "tiger": {},
     "transrec": {},
+    "trierec": {},
 }
 
 
@@ -295,6 +297,10 @@ def test_a_loss_that_splits_by_rows_gives_the_batch_gradient_in_parts(
     """Each part's loss weighted by its share of the positions sums to the batch's gradient:
     what batch_parts and data-parallel ranks rely on."""
     model = without_dropout(name, **SPLITS_BY_ROWS[name]).train()
+    if model.config.batch_needs.prefix_examples:  # one example a row: its target is last
+        labels = torch.zeros_like(batch.input_ids)
+        labels[:, -1] = (batch.input_ids[:, -1] % NUM_ITEMS) + 1
+        batch = dataclasses.replace(batch, labels=labels)
     params = [p for p in model.parameters() if p.requires_grad]
     whole = torch.autograd.grad(model(batch).loss, params, allow_unused=True)
     parts = [rows(batch, slice(0, 1)), rows(batch, slice(1, None))]

@@ -111,6 +111,10 @@ class TIGERConfig(ModelConfig):
     def batch_needs(self) -> BatchNeeds:
         return BatchNeeds(prefix_examples=True)
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return True  # the mean over examples (rows) of each one's code cross-entropy
+
 
 def sequential_codes(num_items: int, codebook_sizes: tuple[int, ...]) -> Tensor:
     """(N + 1, M) item i's index i - 1 written in the mixed radix ``codebook_sizes`` (row 0,
