@@ -54,6 +54,20 @@ def train_isolated(raw: dict[str, dict[str, Any]], run_dir: Path, cache_dir: Pat
     return run_dir
 
 
+# TIGER small enough for a few epochs in seconds (its semantic IDs come from the tokenizer section)
+TINY_TIGER = {
+    "name": "tiger",
+    "hidden_size": 16,
+    "num_heads": 2,
+    "head_size": 8,
+    "ffn_size": 32,
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 1,
+    "user_buckets": 10,
+    "max_seq_len": 10,
+}
+
+
 RECREC = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
 RECREC_STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
 

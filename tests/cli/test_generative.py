@@ -14,20 +14,8 @@ from seqrec.cli import main
 from seqrec.tokenizers import SemanticIds
 from seqrec.training.checkpoint import load_run
 from seqrec.training.semantic_ids import SEMANTIC_IDS
-from tests.cli.helpers import tiny_raw, train_isolated, write_yaml
+from tests.cli.helpers import TINY_TIGER, tiny_raw, train_isolated, write_yaml
 from tests.env import isolate
-
-TINY_TIGER = {
-    "name": "tiger",
-    "hidden_size": 16,
-    "num_heads": 2,
-    "head_size": 8,
-    "ffn_size": 32,
-    "num_encoder_layers": 1,
-    "num_decoder_layers": 1,
-    "user_buckets": 10,
-    "max_seq_len": 10,
-}
 
 
 @pytest.fixture(scope="module")

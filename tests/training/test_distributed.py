@@ -36,12 +36,12 @@ from seqrec.training.semantic_ids import SEMANTIC_IDS
 from tests.cli.helpers import (
     RECREC,
     RECREC_STAGE_2,
+    TINY_TIGER,
     cli_env,
     tiny_raw,
     train_isolated,
     write_yaml,
 )
-from tests.cli.test_generative import TINY_TIGER
 
 
 def torchrun(*args: str, nproc: int = 2, timeout: float = 120) -> subprocess.CompletedProcess[str]:
