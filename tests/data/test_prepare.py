@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from seqrec.config import DataConfig
@@ -238,3 +239,25 @@ def test_describe_hand_computed(tmp_path: Path) -> None:
     text = format_info(info)
     assert "interactions        7" in text
     assert "timestamps          yes" in text
+
+
+def test_a_directory_of_shards_prepares_as_one_file_and_a_new_shard_prepares_anew(
+    tmp_path: Path,
+) -> None:
+    whole = pl.read_csv(write_csv(tmp_path))
+    folder = tmp_path / "log"
+    folder.mkdir()
+    whole[:6].write_parquet(folder / "part-0.parquet")
+    whole[6:].write_parquet(folder / "part-1.parquet")
+    cache = tmp_path / "cache"
+    from_shards = prepare(csv_config(folder), cache_dir=cache)
+    from_file = prepare(csv_config(tmp_path / "log.csv"), cache_dir=cache)
+    assert rows(from_shards) == rows(from_file)
+    assert from_shards.id_map == from_file.id_map
+    assert len(cache_entries(cache)) == 2
+    pl.DataFrame({"user": ["u3"], "item": ["b"], "ts": [8], "stars": [5]}).write_parquet(
+        folder / "part-2.parquet"
+    )
+    grown = prepare(csv_config(folder), cache_dir=cache)
+    assert len(cache_entries(cache)) == 3
+    assert grown.id_map.users == ["u1", "u2", "u3"]

@@ -179,3 +179,52 @@ def test_corrupt_gzip_is_a_data_error(tmp_path: Path) -> None:
     path.write_bytes(gzip.compress(b"1 2 3\n")[:-6])
     with pytest.raises(DataError, match=r"cannot read .*seq\.txt\.gz"):
         read_interactions(path, "sequences")
+
+
+def shard_log(folder: Path) -> pl.DataFrame:
+    """A log of 6 rows written as 3 parquet shards (one in a sub-directory), plus the files
+    Spark writes beside them; returns the whole log in shard order."""
+    log = pl.DataFrame(
+        {
+            "uid": [1, 1, 2, 2, 3, 3],
+            "iid": [5, 6, 5, 7, 6, 7],
+            "ts": [10, 11, 12, 13, 14, 15],
+            "wide": ["unused"] * 6,  # a column no reader needs
+        }
+    )
+    (folder / "day=2").mkdir(parents=True)
+    log[0:2].write_parquet(folder / "part-0.parquet")
+    log[2:4].write_parquet(folder / "part-1.parquet")
+    log[4:6].write_parquet(folder / "day=2" / "part-0.parquet")
+    (folder / "_SUCCESS").write_text("")
+    (folder / ".part-0.parquet.crc").write_text("not a shard")
+    return log
+
+
+def test_a_directory_is_read_as_its_shards_in_path_order(tmp_path: Path) -> None:
+    log = shard_log(tmp_path / "log")
+    df = read_interactions(tmp_path / "log", "auto", ColumnMap("uid", "iid", "ts"))
+    expected = [(str(u), str(i), t) for u, i, t in log.select("uid", "iid", "ts").iter_rows()]
+    # day=2/part-0 sorts before part-0: paths are compared part by part
+    assert rows(df) == expected[4:6] + expected[0:4]
+    assert df.columns == ["user_id", "item_id", "timestamp"]
+
+
+def test_a_directory_without_shards_or_with_mixed_formats_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "_SUCCESS").write_text("")
+    with pytest.raises(DataError, match=r"empty holds no interaction file"):
+        read_interactions(tmp_path / "empty")
+    shard_log(tmp_path / "mixed")
+    write(tmp_path / "mixed" / "extra.csv", "uid,iid,ts\n1,2,3\n")
+    with pytest.raises(DataError, match=r"different formats \(day=2/part-0.parquet: parquet, "):
+        read_interactions(tmp_path / "mixed", "auto", ColumnMap("uid", "iid", "ts"))
+
+
+def test_a_shard_without_a_column_is_named(tmp_path: Path) -> None:
+    shard_log(tmp_path / "log")
+    pl.DataFrame({"uid": [9], "item": [9], "ts": [20]}).write_parquet(
+        tmp_path / "log" / "z.parquet"
+    )
+    with pytest.raises(DataError, match=r"z\.parquet: no column\(s\) 'iid'"):
+        read_interactions(tmp_path / "log", "auto", ColumnMap("uid", "iid", "ts"))

@@ -28,7 +28,7 @@ from seqrec.data import preprocess
 from seqrec.data.datasets import locate_dataset, user_cache_dir
 from seqrec.data.download import sha256_file
 from seqrec.data.idmap import IdMap
-from seqrec.data.readers import ColumnMap, read_interactions
+from seqrec.data.readers import ColumnMap, read_interactions, shard_files
 from seqrec.data.schema import ITEM_ID, TIMESTAMP, USER_ID, DataError
 from seqrec.data.sequences import EvalSet, IntArray, PreparedData, Sequences, Split
 from seqrec.data.split import make_split
@@ -112,6 +112,8 @@ def resolve_source(
     if config.dataset == "file":
         assert config.path is not None  # DataConfig checks this
         path = Path(config.path).expanduser()
+        if path.is_dir():
+            return Source(path.name, str(path), path, config.format, _shards_identity(path))
         if not path.is_file():
             raise DataError(f"data.path {path} does not exist")
         return Source(path.name, str(path), path, config.format, _file_identity(path))
@@ -124,6 +126,16 @@ def resolve_source(
 def _file_identity(path: Path) -> dict[str, Any]:
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _shards_identity(folder: Path) -> dict[str, Any]:
+    """A directory log's identity: every shard's, so that an added, removed or rewritten shard
+    prepares the data anew."""
+    shards = [
+        {**_file_identity(shard), "path": str(shard.relative_to(folder))}
+        for shard in shard_files(folder)
+    ]
+    return {"path": str(folder.resolve()), "shards": shards}
 
 
 def cache_key(config: DataConfig, source: Source) -> str:

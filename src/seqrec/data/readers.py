@@ -10,12 +10,16 @@ Formats (``DataConfig.format``):
 * ``pairs``: ``user item`` per line (SASRec / BERT4Rec ``*.txt``), whitespace separated.
 * ``sequences``: ``user item item ...`` per line (S3-Rec ``*.txt``), oldest item first.
 
-A trailing ``.gz`` is decompressed transparently. ``format: auto`` looks at the file name
-without ``.gz``: ``*.parquet``, ``*.csv``, ``*.tsv`` name themselves; ``*.dat`` and ``u.data``
-are ``movielens``; ``*.txt`` is ``pairs`` when each of its first 1,000 non-blank lines has
-exactly two tokens, else ``sequences`` (a one-item ``sequences`` line *is* a pair, so the
-two readings agree whenever the sniff could be fooled); anything else is an error that
-asks for ``data.format``.
+A trailing ``.gz`` is decompressed transparently. A directory is read as the shards of one
+log (what Spark or a daily export writes): every file under it, in sub-directories too, in the
+order of their paths, except hidden files and names starting with ``_`` (``_SUCCESS``,
+``_metadata``); its rows are in that order. Every shard has the same format.
+
+``format: auto`` looks at the file name without ``.gz``: ``*.parquet``, ``*.csv``, ``*.tsv``
+name themselves; ``*.dat`` and ``u.data`` are ``movielens``; ``*.txt`` is ``pairs`` when
+each of its first 1,000 non-blank lines has exactly two tokens, else ``sequences`` (a
+one-item ``sequences`` line *is* a pair, so the two readings agree whenever the sniff could
+be fooled); anything else is an error that asks for ``data.format``.
 
 User and item ids stay strings (``Utf8``): files disagree on whether ids are numbers.
 Timestamps become Int64 (integer seconds, or ISO date-times converted to epoch seconds).
@@ -71,8 +75,11 @@ class ColumnMap:
 def read_interactions(
     path: str | Path, format: FileFormat = "auto", columns: ColumnMap | None = None
 ) -> pl.DataFrame:
-    """Read one interaction file of any supported format (see the module docstring)."""
+    """Read an interaction file of any supported format, or a directory of shards (see the
+    module docstring)."""
     path = Path(path)
+    if path.is_dir():
+        return _read_shards(path, format, columns)
     fmt = detect_format(path) if format == "auto" else format
     if fmt in ("csv", "tsv", "parquet"):
         df = read_table(path, fmt, columns or ColumnMap())
@@ -83,6 +90,35 @@ def read_interactions(
     else:
         df = read_sequences(path)
     logger.info("read %s (%s): %d interactions", path, fmt, df.height)
+    return df
+
+
+def shard_files(folder: Path) -> list[Path]:
+    """The shards of a directory log, in path order (see the module docstring)."""
+    files = [
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and not any(part.startswith((".", "_")) for part in path.relative_to(folder).parts)
+    ]
+    return sorted(files, key=lambda path: path.relative_to(folder).parts)
+
+
+def _read_shards(folder: Path, format: FileFormat, columns: ColumnMap | None) -> pl.DataFrame:
+    shards = shard_files(folder)
+    if not shards:
+        raise DataError(
+            f"directory {folder} holds no interaction file (hidden files and names starting "
+            "with '_' are skipped)"
+        )
+    formats = {shard: detect_format(shard) if format == "auto" else format for shard in shards}
+    if len(set(formats.values())) > 1:
+        found = ", ".join(f"{shard.relative_to(folder)}: {fmt}" for shard, fmt in formats.items())
+        raise DataError(f"the shards of {folder} have different formats ({found})")
+    fmt = formats[shards[0]]
+    frames = [read_interactions(shard, fmt, columns) for shard in shards]
+    df = pl.concat(frames, how="vertical")
+    logger.info("read %s: %d shards, %d interactions", folder, len(shards), df.height)
     return df
 
 
@@ -221,13 +257,14 @@ def read_movielens(path: str | Path) -> pl.DataFrame:
 def read_table(path: str | Path, fmt: ReadFormat, columns: ColumnMap) -> pl.DataFrame:
     """A csv/tsv/parquet table with a header, renamed to the canonical columns."""
     path = Path(path)
-    df = _load_parquet(path) if fmt == "parquet" else _load_delimited(path, fmt == "csv")
     wanted = {
         USER_ID: columns.user,
         ITEM_ID: columns.item,
         TIMESTAMP: columns.timestamp,
         RATING: columns.rating,
     }
+    needed = [name for name in wanted.values() if name is not None]
+    df = _load_parquet(path, needed) if fmt == "parquet" else _load_delimited(path, fmt == "csv")
     missing = [name for name in wanted.values() if name is not None and name not in df.columns]
     if missing:
         raise DataError(
@@ -247,11 +284,14 @@ def read_table(path: str | Path, fmt: ReadFormat, columns: ColumnMap) -> pl.Data
     return out
 
 
-def _load_parquet(path: Path) -> pl.DataFrame:
+def _load_parquet(path: Path, needed: list[str]) -> pl.DataFrame:
+    """The ``needed`` columns of a parquet file (all of them when one is missing, so that the
+    caller's error can list what the file has); a wide log is not read whole."""
     if not path.is_file():
         raise DataError(f"file {path} does not exist")
     try:
-        return pl.read_parquet(path)
+        names = pl.read_parquet_schema(path).keys()
+        return pl.read_parquet(path, columns=needed if set(needed) <= set(names) else None)
     except (OSError, pl.exceptions.PolarsError) as err:
         raise DataError(f"cannot read parquet file {path}: {err}") from None
 
