@@ -11,6 +11,7 @@ from seqrec.data.schema import DataError
 
 
 def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".gz"):
         path.write_bytes(gzip.compress(text.encode()))
     else:
@@ -228,3 +229,36 @@ def test_a_shard_without_a_column_is_named(tmp_path: Path) -> None:
     )
     with pytest.raises(DataError, match=r"z\.parquet: no column\(s\) 'iid'"):
         read_interactions(tmp_path / "log", "auto", ColumnMap("uid", "iid", "ts"))
+
+
+def test_empty_shards_are_skipped_and_a_log_of_only_empty_shards_is_refused(
+    tmp_path: Path,
+) -> None:
+    log = shard_log(tmp_path / "log")
+    log.clear().write_parquet(tmp_path / "log" / "part-2.parquet")  # an empty partition
+    (tmp_path / "log" / "part-3.parquet").write_bytes(b"")
+    df = read_interactions(tmp_path / "log", "auto", ColumnMap("uid", "iid", "ts"))
+    assert df.height == log.height
+    write(tmp_path / "days" / "day-1.csv", "uid,iid\n")  # a day without interactions
+    write(tmp_path / "days" / "day-2.csv", "uid,iid\n1,2\n")
+    assert rows(read_interactions(tmp_path / "days", "auto", ColumnMap("uid", "iid"))) == [
+        ("1", "2")
+    ]
+    (tmp_path / "days" / "day-2.csv").write_text("uid,iid\n")
+    with pytest.raises(DataError, match=r"every shard of .*days is empty"):
+        read_interactions(tmp_path / "days", "auto", ColumnMap("uid", "iid"))
+
+
+def test_txt_shards_sniffed_as_pairs_and_sequences_are_read_as_sequences(tmp_path: Path) -> None:
+    write(tmp_path / "log" / "part-0.txt", "u1 a b c\nu2 b c\n")
+    write(tmp_path / "log" / "part-1.txt", "u3 a\nu4 c\n")  # one item a line: sniffs as pairs
+    df = read_interactions(tmp_path / "log")
+    assert [(u, i) for u, i in df.select("user_id", "item_id").iter_rows()] == [
+        ("u1", "a"),
+        ("u1", "b"),
+        ("u1", "c"),
+        ("u2", "b"),
+        ("u2", "c"),
+        ("u3", "a"),
+        ("u4", "c"),
+    ]

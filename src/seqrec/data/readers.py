@@ -12,8 +12,12 @@ Formats (``DataConfig.format``):
 
 A trailing ``.gz`` is decompressed transparently. A directory is read as the shards of one
 log (what Spark or a daily export writes): every file under it, in sub-directories too, in the
-order of their paths, except hidden files and names starting with ``_`` (``_SUCCESS``,
-``_metadata``); its rows are in that order. Every shard has the same format.
+plain string order of their paths (``day-10`` before ``day-2``: number shards with leading
+zeros when their order is the time order), except hidden files and names starting with ``_``
+(``_SUCCESS``, ``_metadata``); its rows are in that order. Symlinked sub-directories are not
+followed, and partition directories (``date=2024-01-01``) are not read as columns. Every
+shard has the same format (``*.txt`` shards sniffed apart as ``pairs`` and ``sequences`` are
+all read as ``sequences``, which reads a pair the same way); empty shards are skipped.
 
 ``format: auto`` looks at the file name without ``.gz``: ``*.parquet``, ``*.csv``, ``*.tsv``
 name themselves; ``*.dat`` and ``u.data`` are ``movielens``; ``*.txt`` is ``pairs`` when
@@ -112,14 +116,38 @@ def _read_shards(folder: Path, format: FileFormat, columns: ColumnMap | None) ->
             "with '_' are skipped)"
         )
     formats = {shard: detect_format(shard) if format == "auto" else format for shard in shards}
-    if len(set(formats.values())) > 1:
+    kinds = set(formats.values())
+    if kinds == {"pairs", "sequences"}:  # a sequences shard of one-item lines sniffs as pairs
+        kinds = {"sequences"}
+    if len(kinds) > 1:
         found = ", ".join(f"{shard.relative_to(folder)}: {fmt}" for shard, fmt in formats.items())
         raise DataError(f"the shards of {folder} have different formats ({found})")
-    fmt = formats[shards[0]]
-    frames = [read_interactions(shard, fmt, columns) for shard in shards]
+    (fmt,) = kinds
+    frames = []
+    for shard in shards:
+        if _holds_no_rows(shard, fmt):  # an empty partition, a day without interactions
+            logger.info("skipped empty shard %s", shard)
+            continue
+        frames.append(read_interactions(shard, fmt, columns))
+    if not frames:
+        raise DataError(f"every shard of {folder} is empty")
     df = pl.concat(frames, how="vertical")
-    logger.info("read %s: %d shards, %d interactions", folder, len(shards), df.height)
+    logger.info("read %s: %d shards, %d interactions", folder, len(frames), df.height)
     return df
+
+
+def _holds_no_rows(path: Path, fmt: ReadFormat) -> bool:
+    """No interaction in the file: no bytes, a parquet file of no rows, or a csv/tsv header
+    alone (a file that cannot be read is left to the reader's error)."""
+    try:
+        if path.stat().st_size == 0:
+            return True
+        if fmt == "parquet":
+            return int(pl.scan_parquet(path).select(pl.len()).collect().item()) == 0
+        lines = [line for line in _head_lines(path, size=1 << 16) if line.strip()]
+    except (OSError, DataError, pl.exceptions.PolarsError):
+        return False
+    return len(lines) <= (1 if fmt in ("csv", "tsv") else 0)
 
 
 def detect_format(path: Path) -> ReadFormat:

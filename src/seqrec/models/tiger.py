@@ -113,7 +113,10 @@ class TIGERConfig(ModelConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        return True  # the mean over examples (rows) of each one's code cross-entropy
+        # The mean over examples of each one's code cross-entropy; but the user token sits left
+        # of the padding, so its relative position to the items depends on how wide the batch
+        # pads (a part or a rank pads to its own longest history).
+        return self.user_buckets == 0
 
 
 def sequential_codes(num_items: int, codebook_sizes: tuple[int, ...]) -> Tensor:
