@@ -68,6 +68,23 @@ TINY_TIGER = {
 }
 
 
+def tiger_raw(sasrec_run: Path, **model: Any) -> dict[str, dict[str, Any]]:
+    """TINY_TIGER (``model`` changes applied) on RQ-KMeans semantic IDs of the item
+    embeddings of a trained run (synthetic items have no text)."""
+    return tiny_raw(
+        model={**TINY_TIGER, **model},
+        train={"max_epochs": 2, "batch_size": 256},
+        eval={"ks": [5, 10]},
+        tokenizer={
+            "method": "rqkmeans",
+            "num_levels": 2,
+            "codebook_size": 8,
+            "embeddings": "collaborative",
+            "collaborative_run": str(sasrec_run),
+        },
+    )
+
+
 RECREC = {"name": "recrec", "hidden_size": 16, "max_seq_len": 20, "num_interests": 4}
 RECREC_STAGE_2 = {"stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from seqrec.cli import main
 from seqrec.tokenizers import SemanticIds
 from seqrec.training.checkpoint import load_run
 from seqrec.training.semantic_ids import SEMANTIC_IDS
-from tests.cli.helpers import TINY_TIGER, tiny_raw, train_isolated, write_yaml
+from tests.cli.helpers import tiger_raw, tiny_raw, train_isolated, write_yaml
 from tests.env import isolate
 
 
@@ -24,21 +23,6 @@ def sasrec_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     no text)."""
     root = tmp_path_factory.mktemp("sasrec")
     return train_isolated(tiny_raw(train={"max_epochs": 2}), root / "run", root / "cache")
-
-
-def tiger_raw(sasrec_run: Path, **model: Any) -> dict[str, dict[str, Any]]:
-    return tiny_raw(
-        model={**TINY_TIGER, **model},
-        train={"max_epochs": 2, "batch_size": 256},
-        eval={"ks": [5, 10]},
-        tokenizer={
-            "method": "rqkmeans",
-            "num_levels": 2,
-            "codebook_size": 8,
-            "embeddings": "collaborative",
-            "collaborative_run": str(sasrec_run),
-        },
-    )
 
 
 @pytest.fixture(scope="module")

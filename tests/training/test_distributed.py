@@ -36,8 +36,8 @@ from seqrec.training.semantic_ids import SEMANTIC_IDS
 from tests.cli.helpers import (
     RECREC,
     RECREC_STAGE_2,
-    TINY_TIGER,
     cli_env,
+    tiger_raw,
     tiny_raw,
     train_isolated,
     write_yaml,
@@ -170,18 +170,8 @@ def test_two_ranks_train_tiger_on_the_semantic_ids_rank_0_fits(tmp_path: Path) -
     sasrec = train_isolated(
         tiny_raw(train={"max_epochs": 1}), tmp_path / "sasrec", tmp_path / "cache"
     )
-    raw = tiny_raw(
-        model={**TINY_TIGER, "dropout": 0.0, "user_buckets": 0},
-        train={"max_epochs": 1, "batch_size": 200},
-        eval={"ks": [5, 10]},
-        tokenizer={
-            "method": "rqkmeans",
-            "num_levels": 2,
-            "codebook_size": 8,
-            "embeddings": "collaborative",
-            "collaborative_run": str(sasrec),
-        },
-    )
+    raw = tiger_raw(sasrec, dropout=0.0, user_buckets=0)
+    raw["train"]["max_epochs"] = 1
     one = train_isolated(raw, tmp_path / "one", tmp_path / "cache")
     two = tmp_path / "two"
     train_cli("--config", str(write_yaml(tmp_path / "tiger.yaml", raw)), "--out", str(two))
