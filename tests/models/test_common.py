@@ -314,13 +314,18 @@ def rows(batch: SeqBatch, keep: slice) -> SeqBatch:
     )
 
 
-@pytest.mark.parametrize("name", sorted(SPLITS_BY_ROWS))
+# Other settings that declare it: full CE uses no negatives, in-batch or not.
+MORE_SPLITS_BY_ROWS: list[tuple[str, dict[str, object]]] = [("gru4rec", {"loss": "ce"})]
+
+
+@pytest.mark.parametrize(("name", "changes"), sorted(SPLITS_BY_ROWS.items()) + MORE_SPLITS_BY_ROWS)
 def test_a_loss_that_splits_by_rows_gives_the_batch_gradient_in_parts(
-    name: str, batch: SeqBatch
+    name: str, changes: dict[str, object], batch: SeqBatch
 ) -> None:
     """Each part's loss weighted by its share of the positions sums to the batch's gradient:
     what batch_parts and data-parallel ranks rely on."""
-    model = without_dropout(name, **SPLITS_BY_ROWS[name]).train()
+    model = without_dropout(name, **changes).train()
+    assert model.config.loss_splits_by_rows
     if model.config.batch_needs.prefix_examples:  # one example a row: its target is last
         labels = torch.zeros_like(batch.input_ids)
         labels[:, -1] = (batch.input_ids[:, -1] % NUM_ITEMS) + 1

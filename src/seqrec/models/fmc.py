@@ -50,7 +50,7 @@ class FMCConfig(ItemLossConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        return self.negative_sampler != "in_batch"  # other rows' targets are negatives
+        return not self.in_batch_negatives
 
 
 @register_model

@@ -54,7 +54,7 @@ class FPMCConfig(ItemLossConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        return self.negative_sampler != "in_batch"  # other rows' targets are negatives
+        return not self.in_batch_negatives
 
 
 @register_model

@@ -100,7 +100,7 @@ class GRU4RecConfig(ItemLossConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        return self.negative_sampler != "in_batch"  # other rows' targets are negatives
+        return not self.in_batch_negatives
 
 
 def _uniform_init(weight: Tensor, fan_in: int, fan_out: int) -> None:

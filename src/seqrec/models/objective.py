@@ -73,6 +73,12 @@ class ItemLossConfig(ModelConfig):
             )
 
     @property
+    def in_batch_negatives(self) -> bool:
+        """A sampled loss whose negatives are the batch's other targets: it couples the rows
+        (``loss_splits_by_rows`` is false for it)."""
+        return self.loss != "ce" and self.negative_sampler == "in_batch"
+
+    @property
     def batch_needs(self) -> BatchNeeds:
         if self.loss == "ce":
             return BatchNeeds()

@@ -122,7 +122,7 @@ class SASRecConfig(ItemLossConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        return self.negative_sampler != "in_batch"  # other rows' targets are negatives
+        return not self.in_batch_negatives
 
 
 class SelfAttention(nn.Module):
