@@ -254,9 +254,9 @@ SPLITS_BY_ROWS: dict[str, dict[str, object]] = {
     "rearec": {},
     "recrec": {},
     "sasrec": {},
-    "tiger": {"user_buckets": 0},  # its user token's position depends on the padding
+    "tiger": {},
     "transrec": {},
-    "trierec": {"user_buckets": 0},
+    "trierec": {},
 }
 
 
@@ -277,8 +277,7 @@ def test_the_models_whose_loss_splits_by_rows() -> None:
         return tiny_model(name, **SPLITS_BY_ROWS.get(name, {})).config.loss_splits_by_rows
 
     assert {name for name in MODELS.names() if declares(name)} == set(SPLITS_BY_ROWS)
-    for name in ("gru4rec", "tiger", "trierec"):  # in-batch negatives; a user token
-        assert not tiny_model(name).config.loss_splits_by_rows
+    assert not tiny_model("gru4rec").config.loss_splits_by_rows  # in-batch negatives
 
 
 def rows(batch: SeqBatch, keep: slice) -> SeqBatch:
@@ -349,23 +348,7 @@ def test_a_loss_that_splits_by_rows_gives_the_batch_gradient_in_parts(
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=param_name)
 
 
-# Known to depend on the padding (README, Generative recommendation: the user token sits left
-# of the padding); strict, so the fix must remove them from this list.
-PADDING_DEPENDENT = {"tiger", "trierec"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                name in PADDING_DEPENDENT, reason="user token left of the padding", strict=True
-            ),
-        )
-        for name in MODELS.names()
-    ],
-)
+@pytest.mark.parametrize("name", MODELS.names())
 def test_a_history_scores_the_same_however_wide_its_batch_pads(name: str) -> None:
     """A part, a rank's share and an evaluation chunk each pad to their own longest history."""
     model = without_dropout(name).eval()

@@ -160,9 +160,8 @@ def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path)
 
 
 def test_two_ranks_train_tiger_on_the_semantic_ids_rank_0_fits(tmp_path: Path) -> None:
-    """Prefix examples, and semantic IDs fitted once (rank 0) and sent to the other rank.
-    Without the user token, whose position depends on a batch's padding (TIGER refuses
-    several ranks with it).
+    """Prefix examples, a user token, and semantic IDs fitted once (rank 0) and sent to the
+    other rank.
 
     One epoch, and weights within 1e-4: TIGER at this size amplifies the rounding of sums
     taken in another order (one process on two threads instead of one moves its weights by
@@ -170,7 +169,7 @@ def test_two_ranks_train_tiger_on_the_semantic_ids_rank_0_fits(tmp_path: Path) -
     sasrec = train_isolated(
         tiny_raw(train={"max_epochs": 1}), tmp_path / "sasrec", tmp_path / "cache"
     )
-    raw = tiger_raw(sasrec, dropout=0.0, user_buckets=0)
+    raw = tiger_raw(sasrec, dropout=0.0)
     raw["train"]["max_epochs"] = 1
     one = train_isolated(raw, tmp_path / "one", tmp_path / "cache")
     two = tmp_path / "two"

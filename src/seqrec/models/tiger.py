@@ -24,7 +24,9 @@ Differences from the paper, all deliberate:
   max_seq_len) items before it; the paper does not say how it samples them.
 - Attention logits are scaled by 1/sqrt(head size) (``seqrec.nn.t5``).
 - The user token is ``user index mod user_buckets`` (the paper hashes raw user ids); a
-  history served without a user gets one extra "unknown user" token.
+  history served without a user gets one extra "unknown user" token. It sits right before
+  the history's first item, after the left padding, so that a history encodes the same
+  however wide its batch pads (until 2026-12-07 it sat before the padding).
 - Optimisation (the paper's inverse-square-root schedule from lr 0.01, 200k steps of 256)
   is the trainer's business; the configs say what they use.
 """
@@ -113,10 +115,7 @@ class TIGERConfig(ModelConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        # The mean over examples of each one's code cross-entropy; but the user token sits left
-        # of the padding, so its relative position to the items depends on how wide the batch
-        # pads (a part or a rank pads to its own longest history).
-        return self.user_buckets == 0
+        return True  # the mean over examples (rows) of each one's code cross-entropy
 
 
 def sequential_codes(num_items: int, codebook_sizes: tuple[int, ...]) -> Tensor:
@@ -243,9 +242,16 @@ class TIGER(SequentialRecommender):
         real = real_items.repeat_interleave(M, dim=1)  # (B, L·M)
         prefix = 0
         if self.config.user_buckets:
-            user = self.embedding(self._user_tokens(users, B, input_ids.device))
-            x = torch.cat([user.unsqueeze(1), x], dim=1)
-            real = F.pad(real, (1, 0), value=True)
+            # The user token goes right before the history's first item, not before the
+            # padding: its relative position to the items must not depend on how wide the
+            # batch pads. One more slot on the left holds it when nothing is padded.
+            user = self.embedding(self._user_tokens(users, B, input_ids.device))  # (B, D)
+            x = F.pad(x, (0, 0, 1, 0))
+            real = F.pad(real, (1, 0), value=False)
+            slot = (~real).sum(dim=1) - 1  # (B,) the last non-item slot
+            rows = torch.arange(B, device=x.device)
+            x = x.index_put((rows, slot), user)
+            real = real.index_put((rows, slot), torch.ones_like(slot, dtype=torch.bool))
             prefix = 1
         T = x.size(1)
         allowed = real[:, None, :] | torch.eye(T, dtype=torch.bool, device=x.device)
