@@ -192,12 +192,14 @@ def train_one_epoch(
         optimizer.zero_grad(set_to_none=True)
     for step in batches:
         parts = step if isinstance(step, list) else [step]
-        step_targets = sum(part.num_targets for part in parts)
+        local_targets = sum(part.num_targets for part in parts)
+        step_targets = local_targets
         if group.world_size > 1:
-            step_targets = round(group.sum_floats([step_targets])[0])
+            step_targets = round(group.sum_floats([local_targets])[0])
         _train_batch(
             model, parts, step_targets, totals, autocast, device, update, optimizer is not None
         )
+        totals.targets += local_targets
         if progress is not None:
             progress.update(1)
             elapsed = time.perf_counter() - start
@@ -257,7 +259,6 @@ def _train_batch(
         update()  # before the next losses are computed, with the updated weights
         step_losses.append(step_loss)
     totals.loss += sum(step_losses) / len(step_losses)
-    totals.targets += sum(part.num_targets for part in parts)  # this rank's
 
 
 def log_epoch(row: dict[str, Any]) -> None:

@@ -256,7 +256,6 @@ def model_for_data(
         semantic_ids = group.from_main(
             lambda: semantic_ids_for_run(config.tokenizer, data, data_dir, run_dir, resume)
         )
-        assert semantic_ids is not None
         model_config = _with_codebook_sizes(model_config, semantic_ids.ids.codebook_sizes)
     model = build_model(model_config)
     if semantic_ids is not None:
