@@ -1,13 +1,14 @@
-"""Atomic file writes: write to a temporary file in the same folder, then rename over."""
+"""Atomic writes: write to a temporary file (or folder) beside the target, then rename over."""
 
 from __future__ import annotations
 
 import errno
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -68,7 +69,7 @@ def _new_file_beside(target: Path) -> Path:
     """A new empty hidden file next to ``target``, created with mode ``0o666`` so that the
     kernel applies the umask (and default ACLs) exactly as for ``open``; mkstemp gives 0600."""
     while True:
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        tmp = _new_name_beside(target, "tmp")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
@@ -91,3 +92,51 @@ def atomic_write_text(target: Path, text: str) -> None:
 def atomic_write_bytes(target: Path, data: bytes) -> None:
     with atomic_path(target) as tmp:
         tmp.write_bytes(data)
+
+
+@contextmanager
+def atomic_folder(target: Path, keep_existing: Callable[[Path], bool]) -> Iterator[Path]:
+    """Yield a new empty folder beside ``target``; on success it is renamed onto ``target`` whole.
+
+    Readers see no folder or a complete one, and processes writing the same folder at once
+    (two trainings started together on one dataset, the first rank of every node of a
+    ``torchrun`` job sharing a file system) never mix their files. When ``target`` already
+    exists, ``keep_existing(target)`` decides: True keeps it and drops the new folder (another
+    writer finished first), False moves it aside and puts the new one in its place. On any
+    error the new folder is removed and ``target`` is left as it was.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = _new_name_beside(target, "tmp")
+    try:
+        os.mkdir(staging, 0o777)  # the mode mkdir gives, less the umask; mkdtemp gives 0700
+        yield staging
+        _publish(staging, target, keep_existing)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, target: Path, keep_existing: Callable[[Path], bool]) -> None:
+    if _renamed(staging, target) or keep_existing(target):
+        return
+    stale = _new_name_beside(target, "stale")
+    with suppress(FileNotFoundError):  # another writer moved it aside first
+        os.rename(target, stale)
+    try:
+        _renamed(staging, target)  # False: another writer's folder came in between, and stays
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _renamed(source: Path, target: Path) -> bool:
+    """Rename a folder onto ``target``; False when ``target`` exists and is not empty."""
+    try:
+        os.rename(source, target)
+    except OSError as err:
+        if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise
+    return True
+
+
+def _new_name_beside(target: Path, suffix: str) -> Path:
+    return target.with_name(f".{target.name}.{secrets.token_hex(4)}.{suffix}")

@@ -1,16 +1,19 @@
-"""Atomic writes: modes as ``open`` gives them, symlinks and FIFOs kept, errors name the target."""
+"""Atomic writes: modes as ``open`` gives them, symlinks and FIFOs kept, errors name the target;
+folders published whole, however many writers race for one."""
 
 from __future__ import annotations
 
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from seqrec.io import atomic_path, atomic_write_text
+from seqrec.io import atomic_folder, atomic_path, atomic_write_text
 
 
 @pytest.fixture
@@ -89,3 +92,81 @@ def test_a_descriptor_link_to_a_regular_file_is_written_in_place(tmp_path: Path)
         atomic_write_text(Path(f"/proc/self/fd/{handle.fileno()}"), "written through fd\n")
     assert held.read_text() == "written through fd\n"
     assert held.stat().st_ino == inode
+
+
+def fill(folder: Path, writer: str, files: int = 3) -> None:
+    for index in range(files):
+        (folder / f"part{index}.txt").write_text(writer)
+
+
+def writers_in(folder: Path) -> set[str]:
+    return {p.read_text() for p in folder.iterdir()}
+
+
+@pytest.mark.usefixtures("umask_027")
+def test_a_folder_is_published_whole_with_the_mode_mkdir_gives(tmp_path: Path) -> None:
+    target = tmp_path / "cache" / "entry"
+    with atomic_folder(target, keep_existing=lambda _: True) as staging:
+        fill(staging, "a")
+        assert not target.exists()  # nothing is visible before the folder is complete
+    assert writers_in(target) == {"a"}
+    assert len(list(target.iterdir())) == 3
+    (tmp_path / "plain").mkdir()
+    assert mode(target) == mode(tmp_path / "plain") == 0o750
+    assert [p.name for p in target.parent.iterdir()] == ["entry"]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_existing_folder_is_kept_or_replaced_as_the_check_says(
+    tmp_path: Path, keep: bool
+) -> None:
+    target = tmp_path / "entry"
+    target.mkdir()
+    fill(target, "old", files=5)
+    checked: list[Path] = []
+
+    def keep_existing(folder: Path) -> bool:
+        checked.append(folder)
+        return keep
+
+    with atomic_folder(target, keep_existing) as staging:
+        fill(staging, "new")
+    assert checked == [target]
+    assert writers_in(target) == {"old" if keep else "new"}
+    assert len(list(target.iterdir())) == (5 if keep else 3)  # whole folders, never mixed
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # no staging or stale folder left
+
+
+def test_an_error_while_filling_a_folder_leaves_the_target_as_it_was(tmp_path: Path) -> None:
+    target = tmp_path / "entry"
+    target.mkdir()
+    fill(target, "old")
+
+    def fail_halfway() -> None:
+        with atomic_folder(target, lambda _: False) as staging:
+            fill(staging, "new")
+            raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError, match="disk"):
+        fail_halfway()
+    assert writers_in(target) == {"old"}
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]
+
+
+def test_writers_racing_for_one_folder_leave_one_writers_whole_folder(tmp_path: Path) -> None:
+    target = tmp_path / "entry"
+    writers = 8
+    start = threading.Barrier(writers)
+
+    def write(writer: int) -> None:
+        start.wait()
+        # a folder whose files are not all one writer's counts as damaged, as a cache would
+        with atomic_folder(target, keep_existing=lambda f: len(writers_in(f)) == 1) as staging:
+            for index in range(20):
+                (staging / f"part{index}.txt").write_text(str(writer))
+
+    with ThreadPoolExecutor(writers) as pool:
+        list(pool.map(write, range(writers)))
+    assert len(writers_in(target)) == 1
+    assert len(list(target.iterdir())) == 20
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]

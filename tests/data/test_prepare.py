@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -199,7 +201,35 @@ def test_corrupt_cache_is_rebuilt(
         rebuilt = prepare(config, cache_dir=tmp_path / "cache")
     assert "damaged" in caplog.text
     assert_same(built, rebuilt)
-    assert_same(built, prepare(config, cache_dir=tmp_path / "cache"))  # repaired entry
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="seqrec.data.prepare"):
+        assert_same(built, prepare(config, cache_dir=tmp_path / "cache"))
+    assert "damaged" not in caplog.text  # the entry was repaired, not rebuilt every time
+    assert [p.name for p in (tmp_path / "cache" / "prepared").iterdir()] == [entry.name]
+
+
+def test_preparers_racing_for_one_entry_leave_one_sound_entry(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As when two trainings start together, or every node of a torchrun job prepares into a
+    shared cache: each builds the entry, one publishes it whole, nothing is left half-written."""
+    config = csv_config(write_csv(tmp_path))
+    cache = tmp_path / "cache"
+    start = threading.Barrier(6)
+
+    def build(_: int) -> PreparedData:
+        start.wait()
+        return prepare(config, cache_dir=cache)
+
+    with ThreadPoolExecutor(6) as pool:
+        built = list(pool.map(build, range(6)))
+    for other in built[1:]:
+        assert_same(built[0], other)
+    (entry,) = cache_entries(cache)
+    assert sorted(p.name for p in entry.iterdir()) == ["data.npz", "idmap.json", "meta.json"]
+    with caplog.at_level(logging.WARNING, logger="seqrec.data.prepare"):
+        assert_same(built[0], prepare(config, cache_dir=cache))
+    assert "damaged" not in caplog.text
 
 
 def test_synthetic_prepares_and_caches(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ losses, validation metrics and weights, up to the order of floating-point sums.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -138,6 +140,64 @@ def test_two_ranks_train_and_resume_as_one_process(tmp_path: Path) -> None:
     train_cli("--resume", "--set", "train.max_epochs=3", "--out", str(two))
     key_bias = ("attn.qkv.bias", 16, 32)  # every block's q, k, v biases of hidden size 16
     assert_same_trajectory(one, two, noise=(key_bias,))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_two_nodes_train_as_one_process(tmp_path: Path) -> None:
+    """Two torchrun agents, one rank each, meeting at a rendezvous address as two machines do
+    (``--nnodes 2 --node-rank R --master-addr ...``): both ranks are their node's first, so
+    both prepare the data at once into the cache they share, and the run directory is on a
+    file system both see."""
+    raw = tiny_raw(
+        data={"synthetic_users": 160, "synthetic_items": 90},
+        model={"loss": "ce", "dropout": 0.0},
+        train={"batch_size": 40},
+    )
+    one = train_isolated(raw, tmp_path / "one", tmp_path / "cache-one")
+    config = write_yaml(tmp_path / "config.yaml", raw)
+    two = tmp_path / "two"
+    port = str(free_port())
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc-per-node=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "seqrec.cli",
+                "train",
+                "--config",
+                str(config),
+                "--out",
+                str(two),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**cli_env(), "OMP_NUM_THREADS": "1"},
+        )
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr[-3000:]
+    assert "data-parallel training: rank 0 of 2 (gloo)" in outputs[0][1]
+    assert "trained sasrec: 3 epochs" in outputs[0][0]
+    assert "trained sasrec" not in outputs[1][0]  # rank 0 reports
+    key_bias = ("attn.qkv.bias", 16, 32)
+    assert_same_trajectory(one, two, noise=(key_bias,))
+    prepared = Path(os.environ["SEQREC_CACHE_DIR"]) / "prepared"
+    assert [p.name.startswith(".") for p in prepared.iterdir()] == [False]  # one whole entry
 
 
 def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path) -> None:

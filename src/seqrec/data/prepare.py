@@ -33,7 +33,7 @@ from seqrec.data.schema import ITEM_ID, TIMESTAMP, USER_ID, DataError
 from seqrec.data.sequences import EvalSet, IntArray, PreparedData, Sequences, Split
 from seqrec.data.split import make_split
 from seqrec.data.synthetic import GENERATOR_VERSION, synthetic_interactions
-from seqrec.io import atomic_write, atomic_write_text
+from seqrec.io import atomic_folder
 
 logger = logging.getLogger(__name__)
 
@@ -193,44 +193,55 @@ def _arrays(prepared: PreparedData) -> dict[str, np.ndarray[Any, Any]]:
 
 
 def save_prepared(prepared: PreparedData, folder: Path) -> None:
-    """Write the cache entry; ``meta.json`` goes last, so a half-written entry has none."""
+    """Write the cache entry, published whole (``atomic_folder``): processes that prepare the
+    same entry at once each build it and the first to finish wins; a damaged entry is replaced.
+    """
     arrays = _arrays(prepared)
-
-    def write_npz(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:  # a file object: np.savez would append ".npz"
+    with atomic_folder(folder, keep_existing=_is_sound) as staging:
+        with open(staging / "data.npz", "wb") as handle:  # np.savez would append ".npz" to a name
             np.savez(handle, allow_pickle=False, **arrays)
-
-    atomic_write(folder / "data.npz", write_npz)
-    prepared.id_map.save(folder / "idmap.json")
-    meta = {
-        "version": CACHE_VERSION,
-        "name": prepared.name,
-        "source": prepared.source,
-        "protocol": prepared.split.protocol,
-        "data_sha256": sha256_file(folder / "data.npz"),
-        "idmap_sha256": sha256_file(folder / "idmap.json"),
-    }
-    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))
+        prepared.id_map.save(staging / "idmap.json")
+        meta = {
+            "version": CACHE_VERSION,
+            "name": prepared.name,
+            "source": prepared.source,
+            "protocol": prepared.split.protocol,
+            "data_sha256": sha256_file(staging / "data.npz"),
+            "idmap_sha256": sha256_file(staging / "idmap.json"),
+        }
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
 def load_prepared(folder: Path) -> PreparedData | None:
     """The cached entry, or None when there is none or it is damaged (then it is rebuilt)."""
-    meta_path = folder / "meta.json"
-    if not meta_path.is_file():
+    if not (folder / "meta.json").is_file():
         return None
     try:
-        return _load_checked(folder, json.loads(meta_path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, DataError, zipfile.BadZipFile) as err:
+        return _load_entry(folder)
+    except _DAMAGE as err:
         logger.warning("prepared-data cache %s is damaged (%s); rebuilding it", folder, err)
         return None
 
 
+# What reading a damaged or half-replaced entry raises.
+_DAMAGE = (OSError, ValueError, KeyError, TypeError, DataError, zipfile.BadZipFile)
+
+
+def _is_sound(folder: Path) -> bool:
+    """Whether an existing entry loads; a new entry replaces it otherwise."""
+    try:
+        _load_entry(folder)
+    except _DAMAGE:
+        return False
+    return True
+
+
+def _load_entry(folder: Path) -> PreparedData:
+    return _load_checked(folder, json.loads((folder / "meta.json").read_text()))
+
+
 def _load_checked(folder: Path, meta: dict[str, Any]) -> PreparedData:
-    if meta["version"] != CACHE_VERSION:
-        raise ValueError(f"cache version {meta['version']} != {CACHE_VERSION}")
-    for name, key in (("data.npz", "data_sha256"), ("idmap.json", "idmap_sha256")):
-        if sha256_file(folder / name) != meta[key]:
-            raise ValueError(f"{name} does not match its recorded sha256")
+    _check_files(folder, meta)
     id_map = IdMap.load(folder / "idmap.json")
     with np.load(folder / "data.npz", allow_pickle=False) as npz:
         a = {key: npz[key] for key in npz.files}
@@ -251,6 +262,14 @@ def _load_checked(folder: Path, meta: dict[str, Any]) -> PreparedData:
     return PreparedData(
         str(meta["name"]), str(meta["source"]), sequences, timestamps, id_map, split
     )
+
+
+def _check_files(folder: Path, meta: dict[str, Any]) -> None:
+    if meta["version"] != CACHE_VERSION:
+        raise ValueError(f"cache version {meta['version']} != {CACHE_VERSION}")
+    for name, key in (("data.npz", "data_sha256"), ("idmap.json", "idmap_sha256")):
+        if sha256_file(folder / name) != meta[key]:
+            raise ValueError(f"{name} does not match its recorded sha256")
 
 
 def _sequences(offsets: np.ndarray[Any, Any], items: np.ndarray[Any, Any], n: int) -> Sequences:
