@@ -196,6 +196,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         settings=raw.get("model", {}),
     )
+    if launched_rank() != 0:  # under torchrun, rank 0 reports and writes for every rank
+        return 0
     if args.export_ranks:
         export_ranks(result, run.id_map, args.export_ranks)
     if args.json:

@@ -39,6 +39,7 @@ from tests.cli.helpers import (
     RECREC,
     RECREC_STAGE_2,
     cli_env,
+    run_seqrec,
     tiger_raw,
     tiny_raw,
     train_isolated,
@@ -134,7 +135,7 @@ def test_two_ranks_train_and_resume_as_one_process(tmp_path: Path) -> None:
     first = train_cli("--config", str(config), "--set", "train.max_epochs=2", "--out", str(two))
     assert len(metrics_rows(two)) == 2
     assert first.stdout.count("trained sasrec: 2 epochs") == 1  # rank 0 reports, once
-    assert "data-parallel training: rank 0 of 2 (gloo)" in first.stderr
+    assert "data-parallel: rank 0 of 2 (gloo)" in first.stderr
     assert "rank 1 of 2" not in first.stderr  # the other ranks log warnings only
 
     train_cli("--resume", "--set", "train.max_epochs=3", "--out", str(two))
@@ -191,7 +192,7 @@ def test_two_nodes_train_as_one_process(tmp_path: Path) -> None:
     outputs = [node.communicate(timeout=120) for node in nodes]
     for node, (_, stderr) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, stderr[-3000:]
-    assert "data-parallel training: rank 0 of 2 (gloo)" in outputs[0][1]
+    assert "data-parallel: rank 0 of 2 (gloo)" in outputs[0][1]
     assert "trained sasrec: 3 epochs" in outputs[0][0]
     assert "trained sasrec" not in outputs[1][0]  # rank 0 reports
     key_bias = ("attn.qkv.bias", 16, 32)
@@ -237,6 +238,22 @@ def test_two_ranks_train_tiger_on_the_semantic_ids_rank_0_fits(tmp_path: Path) -
     codes = SemanticIds.load(one / SEMANTIC_IDS).codes
     assert np.array_equal(SemanticIds.load(two / SEMANTIC_IDS).codes, codes)
     assert_same_trajectory(one, two, weight_atol=1e-4)
+
+
+@pytest.mark.parametrize("protocol", ["full", "sampled"])
+def test_two_ranks_evaluate_a_run_as_one_process(tmp_path: Path, protocol: str) -> None:
+    """``torchrun ... seqrec evaluate``: the ranks share the users, rank 0 prints and writes
+    the whole result, the same as one process gives, rank file included."""
+    run = train_isolated(tiny_raw(train={"max_epochs": 1}), tmp_path / "run", tmp_path / "cache")
+    args = (str(run), "--protocol", protocol, "--json")
+    alone = run_seqrec("evaluate", *args, "--export-ranks", tmp_path / "one.csv")
+    assert alone.returncode == 0, alone.stderr
+    done = torchrun(
+        "-m", "seqrec.cli", "evaluate", *args, "--export-ranks", str(tmp_path / "two.csv")
+    )
+    assert len(done.stdout.splitlines()) == 1  # one report, rank 0's
+    assert json.loads(done.stdout) == json.loads(alone.stdout)
+    assert (tmp_path / "two.csv").read_bytes() == (tmp_path / "one.csv").read_bytes()
 
 
 def test_ranks_stay_in_step_with_dropout_and_sampled_negatives(tmp_path: Path) -> None:

@@ -278,7 +278,7 @@ def data_parallel(
     elif dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise RuntimeError("the initialised process group is not the one torchrun launched")
     group = DataParallel(rank=rank, world_size=world_size, local_rank=local_rank)
-    logger.info("data-parallel training: rank %d of %d (%s)", rank, world_size, dist.get_backend())
+    logger.info("data-parallel: rank %d of %d (%s)", rank, world_size, dist.get_backend())
     try:
         yield group
     finally:

@@ -434,11 +434,23 @@ def evaluate_run(
 ) -> tuple[EvalResult, LoadedRun]:
     """Evaluate a trained run directory; ``overrides`` replace fields of its eval config
     (checked as the config file's are: unknown keys and bad values are ``ConfigError``s),
-    ``settings`` inference settings of its model config (``{"depth": 4}`` for RecRec)."""
+    ``settings`` inference settings of its model config (``{"depth": 4}`` for RecRec).
+
+    In processes launched by ``torchrun`` the users are shared among them (each on its own
+    GPU when on CUDA) and every process returns the whole result."""
     run = load_run(run_dir, settings=settings)
     eval_config = replace_checked(run.config.eval, overrides or {}, "eval")
     check_num_negatives(eval_config, run.model.config.num_items)  # before the data is read
-    data = data_for_run(run, data_dir)
-    target = resolve_device(device)
-    run.model.to(target)
-    return evaluate_model(run.model, data, eval_config, split=split, device=str(target)), run
+    with data_parallel(device) as group:
+        data = group.local_main_first(lambda: data_for_run(run, data_dir))
+        target = group.device(resolve_device(device))
+        run.model.to(target)
+        result = evaluate_model(
+            run.model,
+            data,
+            eval_config,
+            split=split,
+            device=str(target),
+            share=group.evaluation_share(),
+        )
+    return result, run
