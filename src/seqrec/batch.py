@@ -82,8 +82,14 @@ class SeqBatch:
 class ModelOutput:
     """What ``model(batch)`` returns in training: a scalar loss, plus optional hidden states
     and the named terms the loss combines (unweighted, for the training log: an objective
-    with several parts, such as DuoRec's next-item and contrastive terms, reports each)."""
+    with several parts, such as DuoRec's next-item and contrastive terms, reports each).
+
+    ``num_targets``: how many positions the loss is a mean over, when they are not the
+    batch's labelled positions (``SeqBatch.num_targets``): BERT4Rec's masked items, Caser's
+    targets ahead. The training loop weighs a batch's parts (and data-parallel ranks) by it.
+    """
 
     loss: Tensor
     hidden: Tensor | None = None
     terms: dict[str, Tensor] = field(default_factory=dict)
+    num_targets: int | None = None

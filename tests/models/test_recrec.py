@@ -618,10 +618,13 @@ def test_prefix_examples_train_what_every_prefix_of_a_row_trains(stage: int) -> 
             randomise_reasoner(model)
         batch = library_batch(model, rows)
         assert model.batch_needs.prefix_examples == (positions == "prefixes")
-        assert model.config.loss_splits_by_rows == (positions != "last")
+        assert model.config.loss_splits_by_rows
         examples = {"all": len(rows), "last": len(rows), "prefixes": sum(len(r) - 1 for r in rows)}
         assert batch.input_ids.size(0) == examples[positions]
-        losses[positions] = model.train()(batch).loss
+        output = model.train()(batch)
+        targets = {"all": sum(len(r) - 1 for r in rows), "last": len(rows)}
+        assert output.num_targets == targets.get(positions, examples[positions])  # its mean's
+        losses[positions] = output.loss
     torch.testing.assert_close(losses["prefixes"], losses["all"])
     assert not torch.allclose(losses["last"], losses["all"])
 

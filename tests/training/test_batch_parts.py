@@ -91,13 +91,31 @@ STAGE_2_ROUNDS: dict[str, object] = {
         RECREC,
         {**RECREC, "stage": 2, "rounds": 2, "steps_per_round": 2, "inner_steps": 1},
         {**RECREC, **STAGE_2_ROUNDS},
+        {**RECREC, "train_positions": "last"},
+        {"name": "bert4rec", "hidden_size": 16, "max_seq_len": 16, "dropout": 0.0,
+         "last_item_mask_prob": 1.0},
+        {"name": "caser", "hidden_size": 16, "max_seq_len": 16, "dropout": 0.0},
+        {"name": "bpr", "hidden_size": 16},
     ],
-    ids=["sasrec-ce", "sasrec-bce", "recrec-stage1", "recrec-stage2", "recrec-stage2-rounds"],
-)
+    ids=[
+        "sasrec-ce",
+        "sasrec-bce",
+        "recrec-stage1",
+        "recrec-stage2",
+        "recrec-stage2-rounds",
+        "recrec-newest-positions",
+        "bert4rec",
+        "caser",
+        "bpr",
+    ],
+)  # fmt: skip
 def test_one_step_in_parts_equals_the_whole_batch_step(section: dict[str, object]) -> None:
     """Same rows, no dropout: the updated weights agree (BCE with the whole batch's
-    negatives given to the parts, since the sampler draws them in another order)."""
-    config = build_model_config(section, num_items=NUM_ITEMS)
+    negatives given to the parts, since the sampler draws them in another order). BERT4Rec
+    masks each row's newest item only, so that the parts draw the same masks; it, Caser,
+    BPR and RecRec on its newest positions average their losses over other positions than
+    the batch's labelled ones (``ModelOutput.num_targets``)."""
+    config = build_model_config(section, num_items=NUM_ITEMS, num_users=len(histories().lengths))
     assert config.loss_splits_by_rows
     (whole,) = next(batches(1, needs=config.batch_needs).steps(np.random.default_rng(5)))
     order = torch.argsort(torch.tensor(histories().lengths)[whole.users], stable=True)
@@ -126,11 +144,6 @@ def test_one_step_in_parts_equals_the_whole_batch_step(section: dict[str, object
     torch.manual_seed(0)
     untouched = build_model(config).state_dict()
     assert any(not torch.equal(weights_whole[name], value) for name, value in untouched.items())
-
-
-def test_recrec_on_its_newest_positions_refuses_parts() -> None:
-    config = build_model_config({**RECREC, "train_positions": "last"}, num_items=NUM_ITEMS)
-    assert not config.loss_splits_by_rows
 
 
 def test_parts_must_fit_the_batch() -> None:

@@ -201,6 +201,26 @@ def test_two_nodes_train_as_one_process(tmp_path: Path) -> None:
     assert [p.name.startswith(".") for p in prepared.iterdir()] == [False]  # one whole entry
 
 
+def test_two_ranks_train_bert4rec_whose_loss_averages_its_masked_items(tmp_path: Path) -> None:
+    """A loss over other positions than the labelled ones (``ModelOutput.num_targets``),
+    known only after the forward pass: the ranks weigh their shares by them. Each row masks
+    its newest item only, so that both runs draw the same masks."""
+    raw = tiny_raw(
+        model={
+            "name": "bert4rec",
+            "hidden_size": 16,
+            "num_heads": 1,
+            "dropout": 0.0,
+            "last_item_mask_prob": 1.0,
+        },
+        train={"batch_size": 40, "max_epochs": 2},
+    )
+    one = train_isolated(raw, tmp_path / "one", tmp_path / "cache")
+    two = tmp_path / "two"
+    train_cli("--config", str(write_yaml(tmp_path / "bert4rec.yaml", raw)), "--out", str(two))
+    assert_same_trajectory(one, two)
+
+
 def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path) -> None:
     """Several optimizer steps a batch (RecRec's per-round deep supervision), each summing
     the ranks' gradients, as in one process; validated on the sampled protocol, whose

@@ -59,11 +59,13 @@ class ModelConfig:
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        """True when the loss is a mean over the batch's labelled positions of terms that
-        each depend on their own row only: a batch can then be trained in parts, each
-        part's loss weighted by its share of the positions (``train.batch_parts``), with
-        the whole batch's gradient. False for anything that couples rows (in-batch
-        negatives, contrastive terms, masks drawn per batch)."""
+        """True when the loss is a mean over positions (the batch's labelled ones, or those
+        ``ModelOutput.num_targets`` counts) of terms that each depend on their own row only:
+        a batch can then be trained in parts, each part's loss weighted by its share of the
+        positions (``train.batch_parts``, data-parallel ranks), with the whole batch's
+        gradient. Random draws per row (dropout, BERT4Rec's masks) are drawn per part, so
+        only the draws differ. False for anything that couples rows (in-batch negatives,
+        contrastive terms)."""
         return False
 
     @property

@@ -105,6 +105,10 @@ class BERT4RecConfig(ItemLossConfig):
         )
 
     @property
+    def loss_splits_by_rows(self) -> bool:
+        return not self.in_batch_negatives  # a mean over the masked items, drawn per row
+
+    @property
     def mask_id(self) -> int:
         """The [MASK] token: one id past the catalogue."""
         return self.num_items + 1
@@ -286,7 +290,7 @@ class BERT4Rec(ScoringRecommender):
             self.output_embedding(),
             bias=self.out_bias,
         )
-        return ModelOutput(loss=loss, hidden=hidden)
+        return ModelOutput(loss=loss, hidden=hidden, num_targets=int((labels != PAD_ID).sum()))
 
     def with_mask_appended(self, input_ids: Tensor) -> Tensor:
         """(B, L) histories -> (B, min(L + 1, max_seq_len)) with [MASK] as the newest item."""

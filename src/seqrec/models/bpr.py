@@ -55,6 +55,10 @@ class BPRConfig(ItemLossConfig):
         if self.num_users < 1:
             raise ConfigError("model bpr needs the number of users from the data")
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return not self.in_batch_negatives  # a mean over the window items (ModelOutput.num_targets)
+
 
 @register_model
 class BPRMF(ScoringRecommender):
@@ -103,7 +107,7 @@ class BPRMF(ScoringRecommender):
             self.item_emb.weight,
             self.item_bias,
         )
-        return ModelOutput(loss=loss)
+        return ModelOutput(loss=loss, num_targets=int((positives != PAD_ID).sum()))
 
     def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
         scores = self._users(users) @ self.item_emb.weight.T  # (B, N + 1)

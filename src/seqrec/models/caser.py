@@ -83,6 +83,10 @@ class CaserConfig(ItemLossConfig):
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
 
+    @property
+    def loss_splits_by_rows(self) -> bool:
+        return not self.in_batch_negatives  # a mean over T targets ahead (ModelOutput.num_targets)
+
 
 @register_model
 class Caser(ScoringRecommender):
@@ -186,7 +190,8 @@ class Caser(ScoringRecommender):
             self.out_emb.weight,
             self.out_bias,
         )
-        return ModelOutput(loss=loss, hidden=hidden)
+        targets = int((ahead_labels != PAD_ID).sum())
+        return ModelOutput(loss=loss, hidden=hidden, num_targets=targets)
 
     def _targets_ahead(
         self, batch: SeqBatch, labels: Tensor, real: Tensor

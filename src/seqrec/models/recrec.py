@@ -205,9 +205,9 @@ class RecRecConfig(ModelConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        # Every labelled position is one example with its own history. With "last" a row
-        # has one example but the training loop weighs parts by their labelled positions.
-        return self.train_positions != "last"
+        # Every example has its own history, and the loss is a mean over the examples
+        # (ModelOutput.num_targets: with "last", one a row, not one a labelled position).
+        return True
 
     @property
     def batch_needs(self) -> BatchNeeds:
@@ -862,19 +862,28 @@ class RecRec(ScoringRecommender):
         if self.config.stage == 1:
             encoded, real, targets = self._training_examples(batch)
             loss, terms = self.objective(encoded.examples(encoded.interests, real), targets)
-            return ModelOutput(loss=loss, terms=terms)
+            return ModelOutput(loss=loss, terms=terms, num_targets=targets.numel())
         rounds = list(self.supervision_rounds(batch))
         return ModelOutput(
             loss=torch.stack(rounds).mean(),
             terms={f"round_{k}": loss for k, loss in enumerate(rounds, start=1)},
+            num_targets=self._num_examples(batch),
         )
 
     def training_updates(self, batch: SeqBatch) -> Iterator[ModelOutput]:
         if self.config.updates_per_batch == 1:
             yield from super().training_updates(batch)
             return
+        examples = self._num_examples(batch)
         for k, loss in enumerate(self.supervision_rounds(batch), start=1):
-            yield ModelOutput(loss=loss, terms={f"round_{k}": loss})
+            yield ModelOutput(loss=loss, terms={f"round_{k}": loss}, num_targets=examples)
+
+    def _num_examples(self, batch: SeqBatch) -> int:
+        """How many training examples the batch holds: its labelled positions, or with
+        ``train_positions`` last or prefixes its rows with a newest label."""
+        if self.config.train_positions == "all" or batch.labels is None:
+            return batch.num_targets
+        return int((batch.labels[:, -1] != PAD_ID).sum())
 
     def _training_examples(self, batch: SeqBatch) -> tuple[Encoded, Tensor, Tensor]:
         """H and M_0 of the batch's training examples, which groups are real, their targets."""

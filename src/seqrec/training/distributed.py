@@ -13,9 +13,10 @@ How a step is shared:
   P-th row of a batch sorted by history length (similar work per rank), in ``batch_parts``
   parts of its own. A rank may get no row of a small last batch: it still joins the step's
   collectives with a zero gradient.
-- Each part's mean loss is weighted by its share of the whole step's positions (over every
-  rank), and the gradients are summed over the ranks (all-reduce): that is the gradient of
-  the batch's mean loss, as in one process.
+- Each part backpropagates its mean loss times its loss positions (``ModelOutput.num_targets``,
+  known only after the forward pass for BERT4Rec); the gradients and the positions are summed
+  over the ranks (all-reduce) and the gradient is divided by the positions: that is the
+  gradient of the batch's mean loss, as in one process.
 - The sum is explicit (flattened gradients, one all-reduce per bucket) rather than
   ``DistributedDataParallel``'s backward hooks: a step here may run several backward passes
   (``batch_parts``) and a model may step several times a batch (``updates_per_batch``, from a

@@ -141,8 +141,9 @@ class EpochStats:
 
 @dataclass
 class _EpochTotals:
-    loss: float = 0.0  # summed over positions
-    targets: int = 0
+    loss: float = 0.0  # summed over the loss's positions
+    positions: float = 0.0  # the positions the losses average over (ModelOutput.num_targets)
+    targets: int = 0  # labelled positions, the unit of throughput
     terms: dict[str, float] = field(default_factory=dict)
 
     def add_terms(self, output: ModelOutput, n: int) -> None:
@@ -163,16 +164,16 @@ def train_one_epoch(
 ) -> EpochStats:
     """One pass over ``batches``; returns the mean loss over positions.
 
-    An item that is a list is one optimizer step over its parts (``TrainBatches.steps``):
-    each part's mean loss is weighted by its share of the step's positions, so the
-    accumulated gradient is that of the mean over all of them. A model that steps several
+    An item that is a list is one optimizer step over its parts (``TrainBatches.steps``): the
+    step takes the gradient of the mean loss over all the parts' positions (each part's mean
+    loss weighted by its positions, ``ModelOutput.num_targets``). A model that steps several
     times a batch (``updates_per_batch``) gets one step per loss of ``training_updates``
     (accumulated over the parts alike); a batch's loss is then the mean of those.
 
     With several data-parallel ranks (``group``), ``batches`` are this rank's shares of the
-    steps: each part is weighted by its share of the step's positions over every rank and
-    the gradients are summed over the ranks before each optimizer step; the returned
-    figures are those of all ranks together.
+    steps: the gradients and positions are summed over the ranks before each optimizer step,
+    so a step is that of the whole batch; the returned figures are those of all ranks
+    together.
     """
     model.train()
     start = time.perf_counter()
@@ -180,65 +181,75 @@ def train_one_epoch(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     trained = [p for p in model.parameters() if p.requires_grad]
 
-    def update() -> None:
-        if optimizer is not None:
-            group.sum_gradients(trained)
-            if grad_clip is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    def update(positions: int | None) -> None:
+        """The optimizer step; ``positions`` (this rank's) when the accumulated gradient is
+        of the summed loss rather than of a mean, so that it is divided by all ranks'."""
+        if optimizer is None:
+            return
+        if positions is not None:
+            total = group.sum_floats([positions])[0] if group.world_size > 1 else positions
+        group.sum_gradients(trained)
+        if positions is not None:
+            grads = [p.grad for p in trained if p.grad is not None]
+            torch._foreach_mul_(grads, 1.0 / max(total, 1.0))
+        if grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     for step in batches:
         parts = step if isinstance(step, list) else [step]
-        local_targets = sum(part.num_targets for part in parts)
-        step_targets = local_targets
-        if group.world_size > 1:
-            step_targets = round(group.sum_floats([local_targets])[0])
-        _train_batch(
-            model, parts, step_targets, totals, autocast, device, update, optimizer is not None
-        )
-        totals.targets += local_targets
+        _train_batch(model, parts, totals, autocast, device, update, optimizer is not None, group)
+        totals.targets += sum(part.num_targets for part in parts)
         if progress is not None:
             progress.update(1)
             elapsed = time.perf_counter() - start
             progress.set_postfix(
-                loss=f"{totals.loss / max(totals.targets, 1):.4f}",
+                loss=f"{totals.loss / max(totals.positions, 1):.4f}",
                 targets_per_s=f"{totals.targets / max(elapsed, 1e-9):,.0f}",
             )
     if group.world_size > 1:
-        totals.loss, targets = group.sum_floats([totals.loss, totals.targets])
+        totals.loss, totals.positions, targets = group.sum_floats(
+            [totals.loss, totals.positions, totals.targets]
+        )
         totals.targets = round(targets)
         totals.terms = group.sum_dicts(totals.terms)
     if not math.isfinite(totals.loss):
         raise FloatingPointError("training loss is not finite; lower train.lr or check the data")
+    positions = max(totals.positions, 1)
     return EpochStats(
-        totals.loss / max(totals.targets, 1),
+        totals.loss / positions,
         time.perf_counter() - start,
         totals.targets,
-        {name: total / max(totals.targets, 1) for name, total in totals.terms.items()},
+        {name: total / positions for name, total in totals.terms.items()},
     )
 
 
 def _train_batch(
     model: SequentialRecommender,
     parts: list[SeqBatch],
-    step_targets: int,
     totals: _EpochTotals,
     autocast: AbstractContextManager[Any],
     device: torch.device,
-    update: Callable[[], None],
+    update: Callable[[int | None], None],
     backward: bool,
+    group: DataParallel,
 ) -> None:
     """The ``updates_per_batch`` optimizer steps of one batch (one for most models): step k
-    accumulates the k-th loss of every part's ``training_updates``, weighted by the part's
-    share of the ``step_targets`` positions (over every rank); each part's updates carry their
-    own state from step to step."""
+    accumulates the k-th loss of every part's ``training_updates``; each part's updates
+    carry their own state from step to step.
+
+    A step of one part in one process backpropagates that part's mean loss. Otherwise each
+    part backpropagates its mean loss times its positions, which are known only once its
+    loss is (BERT4Rec draws its masks in ``forward``), and ``update`` divides the summed
+    gradient by the step's positions over every rank."""
+    alone = len(parts) == 1 and group.world_size == 1
     updates: list[Iterator[ModelOutput]] = []
-    step_losses = []
+    step_losses, step_positions = [], []
     for k in range(model.config.updates_per_batch):
-        step_loss = 0.0
+        step_loss, positions = 0.0, 0
         for i, part in enumerate(parts):
             if k == 0:  # a part goes to the device when it is first needed
                 updates.append(model.training_updates(part.to(device)))
@@ -249,16 +260,18 @@ def _train_batch(
                     f"{model.config.name}.training_updates yielded fewer losses than "
                     f"updates_per_batch = {model.config.updates_per_batch}"
                 )
-            n = part.num_targets
+            n = part.num_targets if output.num_targets is None else output.num_targets
             if backward:
-                share = output.loss if n == step_targets else output.loss * (n / step_targets)
-                torch.autograd.backward(share)
+                torch.autograd.backward(output.loss if alone else output.loss * n)
             step_loss += float(output.loss.detach()) * n
+            positions += n
             totals.add_terms(output, n)
             del output  # the next part's activations need the memory
-        update()  # before the next losses are computed, with the updated weights
+        update(None if alone else positions)  # before the next losses, with the new weights
         step_losses.append(step_loss)
+        step_positions.append(positions)
     totals.loss += sum(step_losses) / len(step_losses)
+    totals.positions += sum(step_positions) / len(step_positions)
 
 
 def log_epoch(row: dict[str, Any]) -> None:
