@@ -7,6 +7,7 @@ non-zero exit code (2: bad input or config, 1: unexpected; SEQREC_DEBUG=1 shows 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -271,7 +272,21 @@ def _read_histories(path: Path) -> list[list[str]]:
         ) from None
     if not lines:
         raise DataError(f"--input {path} is empty; give one history per line")
-    return [line.replace(",", " ").split() for line in lines]
+    return [_history(path, number, line) for number, line in enumerate(lines, start=1)]
+
+
+def _history(path: Path, number: int, line: str) -> list[str]:
+    """One line of --input: ids separated by spaces or commas, or a JSON list of ids (for
+    ids that hold spaces or commas themselves)."""
+    if not line.lstrip().startswith("["):
+        return line.replace(",", " ").split()
+    try:
+        ids = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"--input {path}:{number}: not a JSON list of ids ({err.msg})") from None
+    if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
+        raise DataError(f"--input {path}:{number}: a JSON line must be a list of string ids")
+    return [str(i) for i in ids]
 
 
 def _check_recommend_output(source: str, output: str) -> None:
@@ -627,7 +642,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("recommend", help="top-k items for histories of original item ids")
     p.add_argument("run_dir")
     p.add_argument("--history", nargs="+", metavar="ITEM", help="one history, oldest first")
-    p.add_argument("--input", help="batch: one history per line (ids separated by spaces)")
+    p.add_argument(
+        "--input",
+        help="batch: one history per line, ids separated by spaces or commas, or a JSON list "
+        'of ids (["a b", "c"]) for ids with spaces',
+    )
     p.add_argument("--output", help="batch: JSON lines out, one per input line")
     p.add_argument("-k", type=int, default=10)
     p.add_argument("--keep-seen", action="store_true", help="allow items from the history")
@@ -740,6 +759,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
+    except BrokenPipeError:  # the reader of our output stopped early (`| head`): no error
+        with contextlib.suppress(OSError, ValueError):  # what is left unflushed goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ConfigError, DataError, RunDirError, ValueError, KeyError, OSError) as err:
         if os.environ.get("SEQREC_DEBUG"):
             raise

@@ -10,6 +10,7 @@ ranks, with the same result as one process.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,10 +56,14 @@ class EvalResult:
     users: npt.NDArray[np.int64] = field(repr=False)  # (U,) user row indices
     targets: npt.NDArray[np.int64] = field(repr=False)  # (U,) internal item ids
 
-    def flat(self) -> dict[str, float | int | str]:
-        """One flat dict: ``"NDCG@10"`` keys, their ``"NDCG@10_ci95"`` and the protocol."""
-        row: dict[str, float | int | str] = dict(self.metrics)
-        row.update({f"{k}_ci95": v for k, v in self.ci95.items()})
+    def flat(self) -> dict[str, float | int | str | None]:
+        """One flat dict: ``"NDCG@10"`` keys, their ``"NDCG@10_ci95"`` and the protocol; an
+        undefined figure (the interval of one user, the mean of none) is None: JSON holds
+        null, and no NaN."""
+        figures = {**self.metrics, **{f"{k}_ci95": v for k, v in self.ci95.items()}}
+        row: dict[str, float | int | str | None] = {
+            key: value if math.isfinite(value) else None for key, value in figures.items()
+        }
         row.update(protocol=self.protocol, split=self.split, num_users=self.num_users)
         return row
 

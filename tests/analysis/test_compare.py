@@ -71,6 +71,10 @@ def test_malformed_rank_files_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "zero.csv").write_text("user_id,target,rank\n1,2,0\n")
     with pytest.raises(ValueError, match=">= 1"):
         read_ranks(tmp_path / "zero.csv")
+    (tmp_path / "ragged.csv").write_text("user_id,target,rank\n1,2,1\n1,3,4,5,6\n")
+    with pytest.raises(ValueError, match="not a readable rank file") as ragged:
+        read_ranks(tmp_path / "ragged.csv")
+    assert "\n" not in str(ragged.value)  # Polars' advice on its own options is left out
     (tmp_path / "twice.csv").write_text("user_id,target,rank\n1,2,1\n1,3,4\n")
     with pytest.raises(ValueError, match="more than once"):
         read_ranks(tmp_path / "twice.csv")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,52 @@ def test_batch_writes_one_json_line_per_input_line(
         assert row["scores"] == pytest.approx(
             recommend_json(capsys, file_run, "--history", *history)["scores"], abs=1e-5
         )
+
+
+def test_batch_lines_may_be_json_lists_of_ids(
+    file_run: Path, items: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """For ids that hold spaces or commas; a line that is not a JSON list is named."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    source.write_text(f'{json.dumps(items[:3])}\n["{items[4]}", "no such item"]\n')
+    done = run_seqrec("recommend", file_run, "--input", source, "--output", target, "-k", "3")
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(target)
+    capsys.readouterr()
+    alone = recommend_json(capsys, file_run, "--history", *items[:3], "-k", "3")
+    assert rows[0]["items"] == alone["items"]
+    assert rows[1]["unknown"] == ["no such item"]
+    source.write_text(f'{items[0]}\n["{items[1]}", \n')
+    done = run_seqrec("recommend", file_run, "--input", source, "--output", target)
+    assert done.returncode == 2
+    assert f"--input {source}:2: not a JSON list of ids" in done.stderr
+
+
+class ClosedPipe(io.StringIO):
+    """stdout whose reader has gone (``seqrec ... | head -1``): every write fails."""
+
+    def __init__(self, descriptor: int) -> None:
+        super().__init__()
+        self.descriptor = descriptor
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        return self.descriptor
+
+
+def test_output_into_a_reader_that_stopped_early_is_no_error(
+    file_run: Path,
+    items: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with open(tmp_path / "stdout", "w") as stdout:
+        monkeypatch.setattr(sys, "stdout", ClosedPipe(stdout.fileno()))
+        assert main(["recommend", str(file_run), "--history", items[0]]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_batch_with_bad_lines_exits_3_and_marks_them(

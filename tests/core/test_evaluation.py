@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -89,6 +90,18 @@ def test_metrics_and_flat_json_keys() -> None:
     flat = result.flat()
     assert {"NDCG@5", "HR@1", "MRR@5", "Recall@5", "protocol", "split", "num_users"} <= set(flat)
     assert "full ranking" in str(flat["protocol"])
+
+
+def test_the_interval_of_one_user_is_null_in_json() -> None:
+    one = EvalSet(EVAL_SET.users[:1], HISTORIES.take(np.array([0])), EVAL_SET.targets[:1])
+    result = evaluate(
+        FixedScores(WEIGHTS), one, EvalConfig(ks=(1,)), all_sequences=ALL, num_items=N
+    )
+    assert math.isnan(result.ci95["HR@1"])
+    flat = result.flat()
+    assert flat["HR@1_ci95"] is None
+    assert flat["HR@1"] == result.metrics["HR@1"]
+    json.loads(json.dumps(flat), parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
 
 
 def test_chunking_does_not_change_ranks() -> None:

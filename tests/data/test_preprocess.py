@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 import polars as pl
 import pytest
 from hypothesis import given, settings
@@ -44,6 +46,17 @@ def test_sort_is_stable_on_timestamp_ties() -> None:
         ("a", "1"),  # t=9
         ("b", "x"),
     ]
+
+
+def test_rows_logged_twice_are_kept_and_reported(caplog: pytest.LogCaptureFixture) -> None:
+    df = frame([("a", "1"), ("a", "1"), ("a", "1"), ("a", "2"), ("b", "1")], [5, 5, 6, 5, 5])
+    with caplog.at_level(logging.WARNING, logger="seqrec.data.preprocess"):
+        assert preprocess.sort_by_time(df).height == 5
+    assert "1 rows repeat another row's user, item and timestamp exactly" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="seqrec.data.preprocess"):
+        preprocess.sort_by_time(df.filter(pl.int_range(pl.len()) != 1))
+    assert "repeat" not in caplog.text  # the same item at another second is a real repeat
 
 
 def test_sort_keeps_file_order_on_heavy_ties_in_a_large_frame() -> None:

@@ -145,6 +145,70 @@ def test_csv_ragged_line_names_line(tmp_path: Path) -> None:
         read_interactions(too_few)
 
 
+def test_a_quote_that_never_closes_is_named_where_it_opens(tmp_path: Path) -> None:
+    body = "".join(f"u{i},i{i}\n" for i in range(40))
+    to_the_end = write(tmp_path / "a.csv", f'user_id,item_id\nu0,i0\nu1,"i1\n{body}')
+    with pytest.raises(
+        DataError, match=r"a\.csv:3: a quoted field opens on this line and runs on to the end"
+    ):
+        read_interactions(to_the_end)
+    # another stray quote later closes it: the field swallows the lines between
+    closed_later = write(tmp_path / "b.csv", f'user_id,item_id\nu1,"i1\n{body}u2,i2"x\nu3,i3\n')
+    with pytest.raises(
+        DataError, match=r"b\.csv:2: a quoted field opens on this line and runs on to line 43"
+    ):
+        read_interactions(closed_later)
+
+
+def test_quoted_csv_fields_keep_their_commas_and_doubled_quotes(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", 'user_id,item_id\nu1,"Book, vol. 2"\nu1,"12"" pizza"\n')
+    assert rows(read_interactions(path)) == [("u1", "Book, vol. 2"), ("u1", '12" pizza')]
+
+
+def test_a_tsv_quote_is_part_of_the_value(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.tsv", 'user_id\titem_id\nu1\t12" pizza\nu1\t"quoted" name\nu2\tx\n')
+    assert rows(read_interactions(path)) == [
+        ("u1", '12" pizza'),
+        ("u1", '"quoted" name'),
+        ("u2", "x"),
+    ]
+
+
+@pytest.mark.parametrize("name", ["a.csv", "a.tsv"])
+def test_blank_lines_of_a_table_are_skipped(tmp_path: Path, name: str) -> None:
+    sep = "," if name.endswith(".csv") else "\t"
+    path = write(tmp_path / name, f"user_id{sep}item_id\nu1{sep}i1\n\nu1{sep}i2\n \n\n")
+    assert rows(read_interactions(path)) == [("u1", "i1"), ("u1", "i2")]
+    half = write(tmp_path / f"half-{name}", f"user_id{sep}item_id\nu1{sep}i1\nu2{sep}\n")
+    with pytest.raises(DataError, match=r"column 'item_id' is empty in data row 2"):
+        read_interactions(half)
+
+
+def test_timestamps_in_several_iso_formats_are_read_alike(tmp_path: Path) -> None:
+    """Writers that changed format within one log: Z, no zone (UTC), an offset, a space."""
+    values = [
+        "2023-11-14T22:17:05Z",
+        "2023-11-14 22:17:05",
+        "2023-11-15T00:17:05+02:00",
+        "2023-11-14T22:17:05",
+        "2023-11-14T22:17:05.250Z",
+    ]
+    text = "user_id,item_id,ts\n" + "".join(f"u1,i{n},{v}\n" for n, v in enumerate(values))
+    df = read_interactions(write(tmp_path / "a.csv", text), "csv", ColumnMap(timestamp="ts"))
+    assert df["timestamp"].to_list() == [1700000225] * len(values)
+
+
+def test_a_guessed_format_that_does_not_fit_says_how_to_set_one(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.txt", "user,item,ts\nu1,i1,1\n")
+    with pytest.raises(
+        DataError, match=r"read as sequences, guessed from the file name.*data\.format"
+    ):
+        read_interactions(path)
+    with pytest.raises(DataError, match=r"malformed line") as given:
+        read_interactions(path, "sequences")
+    assert "(read as" not in str(given.value)
+
+
 def test_bad_timestamp_value_is_reported(tmp_path: Path) -> None:
     path = write(tmp_path / "a.csv", "user_id,item_id,ts\n1,2,100\n1,3,yesterday\n")
     with pytest.raises(DataError, match=r"'yesterday', which is not a timestamp"):

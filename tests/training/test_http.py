@@ -368,6 +368,12 @@ def test_a_body_that_is_not_json_gets_422_without_its_bytes(base: str, items: li
     assert status == 422
     assert answer["detail"][0]["loc"] == ["body"]
     assert "input" not in answer["detail"][0]
+    assert answer["detail"][-1]["loc"] == ["header", "content-type"]  # what to send instead
+    assert "application/json, not 'text/plain'" in answer["detail"][-1]["msg"]
+    body = json.dumps({"history": items[:3]}).encode()  # curl -d sends form-urlencoded
+    status, answer = send(base, "/recommend", body, "application/x-www-form-urlencoded")
+    assert status == 422
+    assert "Content-Type: application/json" in answer["detail"][-1]["msg"]
     assert call(base, "/recommend", {"history": items[:3]})[0] == 200
 
 

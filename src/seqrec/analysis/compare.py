@@ -50,7 +50,8 @@ def read_ranks(path: str | Path) -> pl.DataFrame:
     try:
         frame = pl.read_parquet(path) if path.suffix.lower() == ".parquet" else pl.read_csv(path)
     except (pl.exceptions.PolarsError, OSError) as err:
-        raise ValueError(f"{path} is not a readable rank file: {err}") from None
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]  # not Polars' advice
+        raise ValueError(f"{path} is not a readable rank file: {reason}") from None
     missing = [c for c in RANK_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(

@@ -58,7 +58,22 @@ def sort_by_time(df: pl.DataFrame) -> pl.DataFrame:
     keys = [USER_ID, TIMESTAMP] if TIMESTAMP in df.columns else [USER_ID]
     out = df.sort(keys, maintain_order=True)
     log_counts("sort_by_time", out)
+    if TIMESTAMP in df.columns:
+        _warn_of_exact_repeats(out)
     return out
+
+
+def _warn_of_exact_repeats(df: pl.DataFrame) -> None:
+    """Rows with the user, item and second of another are most likely logged twice; kept
+    (a repeat may be real), but a user whose test target repeats the validation item counts
+    as a miss when seen items are filtered."""
+    repeats = df.height - df.select(USER_ID, ITEM_ID, TIMESTAMP).n_unique()
+    if repeats:
+        logger.warning(
+            "%d rows repeat another row's user, item and timestamp exactly (logged twice?); "
+            "data.dedupe_consecutive: true drops an item that repeats the user's previous one",
+            repeats,
+        )
 
 
 def k_core(df: pl.DataFrame, min_user: int, min_item: int) -> pl.DataFrame:

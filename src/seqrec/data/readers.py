@@ -85,16 +85,28 @@ def read_interactions(
     if path.is_dir():
         return _read_shards(path, format, columns)
     fmt = detect_format(path) if format == "auto" else format
-    if fmt in ("csv", "tsv", "parquet"):
-        df = read_table(path, fmt, columns or ColumnMap())
-    elif fmt == "movielens":
-        df = read_movielens(path)
-    elif fmt == "pairs":
-        df = read_pairs(path)
-    else:
-        df = read_sequences(path)
+    try:
+        df = _read_file(path, fmt, columns)
+    except DataError as err:
+        if format != "auto" or fmt in ("csv", "tsv", "parquet"):
+            raise
+        # .txt and .dat say little: the guess may be what is wrong
+        raise DataError(
+            f"{err} (read as {fmt}, guessed from the file name; if it is another format, "
+            f"set data.format to one of {', '.join(get_args(ReadFormat))})"
+        ) from None
     logger.info("read %s (%s): %d interactions", path, fmt, df.height)
     return df
+
+
+def _read_file(path: Path, fmt: ReadFormat, columns: ColumnMap | None) -> pl.DataFrame:
+    if fmt in ("csv", "tsv", "parquet"):
+        return read_table(path, fmt, columns or ColumnMap())
+    if fmt == "movielens":
+        return read_movielens(path)
+    if fmt == "pairs":
+        return read_pairs(path)
+    return read_sequences(path)
 
 
 def shard_files(folder: Path) -> list[Path]:
@@ -325,14 +337,27 @@ def _load_parquet(path: Path, needed: list[str]) -> pl.DataFrame:
 
 
 def _load_delimited(path: Path, comma: bool) -> pl.DataFrame:
+    """A csv (RFC 4180 quoting) or tsv (no quoting: a quote is a character like any other, as
+    database exports write them) file; blank lines are skipped."""
     separator = "," if comma else "\t"
     data = _read_bytes(path)
     try:
-        df = pl.read_csv(io.BytesIO(data), separator=separator, infer_schema=False)
+        df = pl.read_csv(
+            io.BytesIO(data),
+            separator=separator,
+            infer_schema=False,
+            quote_char='"' if comma else None,
+        )
     except pl.exceptions.PolarsError as err:
         raise _ragged_line(path, data, separator) or DataError(
             f"cannot parse {path}: {str(err).splitlines()[0]}"
         ) from None
+    if sum(df.null_count().row(0)):
+        blank = pl.all_horizontal(pl.all().is_null() | (pl.all().str.strip_chars() == ""))
+        blanks = int(df.select(blank.sum()).item())
+        if blanks:
+            logger.info("%s: skipped %d blank line(s)", path, blanks)
+            df = df.filter(~blank)
     if sum(df.null_count().row(0)):  # Polars fills a short line with nulls: find it
         error = _ragged_line(path, data, separator)
         if error is not None:
@@ -341,16 +366,41 @@ def _load_delimited(path: Path, comma: bool) -> pl.DataFrame:
 
 
 def _ragged_line(path: Path, data: bytes, separator: str) -> DataError | None:
-    """The first line whose field count differs from the header's (slow path, errors only)."""
-    reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace")), delimiter=separator)
-    header = next(reader, [])
-    for row in reader:
-        if row and len(row) != len(header):
-            return DataError(
-                f"{path}:{reader.line_num}: malformed line; expected {len(header)} fields "
-                f"separated by {separator!r} like the header, found {len(row)}"
-            )
+    """The first line whose field count differs from the header's, or where a quoted field
+    that never closes begins (slow path, errors only)."""
+    text = io.StringIO(data.decode("utf-8", errors="replace"))
+    if separator == ",":
+        reader = csv.reader(text, delimiter=separator, strict=True)
+    else:
+        reader = csv.reader(text, delimiter=separator, quoting=csv.QUOTE_NONE, strict=True)
+    start = 1  # the line the next record begins on
+    try:
+        header = next(reader, [])
+        start = reader.line_num + 1
+        for row in reader:
+            if row and len(row) != len(header):
+                if reader.line_num > start:  # a record over several lines: an open quote
+                    return _unclosed_quote(path, start, reader.line_num)
+                return DataError(
+                    f"{path}:{reader.line_num}: malformed line; expected {len(header)} fields "
+                    f"separated by {separator!r} like the header, found {len(row)}"
+                )
+            start = reader.line_num + 1
+    except csv.Error as err:
+        if "end of data" in str(err) or "field limit" in str(err):
+            return _unclosed_quote(path, start, None)  # it runs to the end of the file
+        if reader.line_num > start:
+            return _unclosed_quote(path, start, reader.line_num)
+        return DataError(f"{path}:{reader.line_num}: malformed quoting ({err})")
     return None
+
+
+def _unclosed_quote(path: Path, line: int, until: int | None) -> DataError:
+    end = "the end of the file" if until is None else f"line {until}"
+    return DataError(
+        f"{path}:{line}: a quoted field opens on this line and runs on to {end}; close the "
+        'quote, or double a quote that belongs to the value ("")'
+    )
 
 
 def _to_id(path: Path, values: pl.Series, column: str) -> pl.Series:
@@ -385,12 +435,25 @@ def _to_epoch_seconds(path: Path, values: pl.Series, column: str) -> pl.Series:
     return out.alias(TIMESTAMP)
 
 
-def _parse_datetimes(values: pl.Series) -> pl.Series:
-    """ISO dates / date-times -> epoch seconds; null where unparseable."""
-    try:
-        return values.str.to_datetime(strict=False).dt.epoch("s")
-    except pl.exceptions.PolarsError:  # no format could be inferred at all
-        return pl.Series(values.name, [None] * len(values), dtype=pl.Int64)
+def _parse_datetimes(values: pl.Series, formats: int = 8) -> pl.Series:
+    """ISO dates / date-times -> epoch seconds (naive ones as UTC); null where unparseable.
+
+    Polars infers one format from a column's first value and leaves the values of any
+    other null: the values left are parsed again, each time in the format of the first of
+    them, so a log whose writers changed format (``Z``, an offset, a space) reads whole."""
+    out = pl.Series(values.name, [None] * len(values), dtype=pl.Int64)
+    for _ in range(formats):
+        left = out.is_null() & values.is_not_null()
+        if not left.any():
+            break
+        try:
+            parsed = values.filter(left).str.to_datetime(strict=False).dt.epoch("s")
+        except pl.exceptions.PolarsError:  # no format could be inferred from the first
+            break
+        if parsed.null_count() == len(parsed):
+            break
+        out = out.scatter(left.arg_true(), parsed)
+    return out
 
 
 def _to_float(path: Path, values: pl.Series, column: str) -> pl.Series:

@@ -135,6 +135,16 @@ def create_app(
         # FastAPI's default answer also echoes each rejected value ("input"): a whole history at
         # worst, and raw bytes (a body sent as text/plain) that JSON cannot hold unless UTF-8.
         errors = [{key: value for key, value in e.items() if key != "input"} for e in err.errors()]
+        content_type = request.headers.get("content-type", "")
+        if not content_type.split(";")[0].strip().lower().endswith("json"):  # curl -d's default
+            errors.append(
+                {
+                    "loc": ["header", "content-type"],
+                    "msg": f"the body is read as JSON only with Content-Type: application/json, "
+                    f"not {content_type or 'none'!r}",
+                    "type": "content_type",
+                }
+            )
         return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
 
     @app.get("/health")
