@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 EXIT_PARTIAL = 3  # batch recommend: some lines could not be answered
+EXIT_STDOUT_CLOSED = 141  # what a shell reports for a process that SIGPIPE ended
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -272,21 +274,20 @@ def _read_histories(path: Path) -> list[list[str]]:
         ) from None
     if not lines:
         raise DataError(f"--input {path} is empty; give one history per line")
-    return [_history(path, number, line) for number, line in enumerate(lines, start=1)]
+    return [_history(line) for line in lines]
 
 
-def _history(path: Path, number: int, line: str) -> list[str]:
-    """One line of --input: ids separated by spaces or commas, or a JSON list of ids (for
-    ids that hold spaces or commas themselves)."""
-    if not line.lstrip().startswith("["):
-        return line.replace(",", " ").split()
-    try:
-        ids = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DataError(f"--input {path}:{number}: not a JSON list of ids ({err.msg})") from None
-    if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
-        raise DataError(f"--input {path}:{number}: a JSON line must be a list of string ids")
-    return [str(i) for i in ids]
+def _history(line: str) -> list[str]:
+    """One line of --input: a JSON list of ids (for ids that hold spaces or commas), else ids
+    separated by spaces or commas (so "[UNK] i1" is two plain ids)."""
+    if line.lstrip().startswith("["):
+        with contextlib.suppress(json.JSONDecodeError):
+            ids = json.loads(line)
+            if isinstance(ids, list) and all(
+                isinstance(i, (str, int)) and not isinstance(i, bool) for i in ids
+            ):
+                return [str(i) for i in ids]
+    return line.replace(",", " ").split()
 
 
 def _check_recommend_output(source: str, output: str) -> None:
@@ -759,15 +760,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except BrokenPipeError:  # the reader of our output stopped early (`| head`): no error
-        with contextlib.suppress(OSError, ValueError):  # what is left unflushed goes nowhere
+    except BrokenPipeError as err:
+        if not _stdout_reader_gone():
+            return _report(err)
+        # the reader of our output stopped early (`| head`): no message, the exit status of a
+        # process that SIGPIPE ended, and what is left unflushed goes nowhere
+        with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_STDOUT_CLOSED
     except (ConfigError, DataError, RunDirError, ValueError, KeyError, OSError) as err:
-        if os.environ.get("SEQREC_DEBUG"):
-            raise
-        print(f"error: {_error_text(err)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _report(err)
     except KeyboardInterrupt:
         print("interrupted; a training run resumes with --resume", file=sys.stderr)
         return 130
@@ -779,6 +781,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _report(err: Exception) -> int:
+    if os.environ.get("SEQREC_DEBUG"):
+        raise err
+    print(f"error: {_error_text(err)}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no descriptor
+        return False
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -106,6 +107,7 @@ def atomic_folder(target: Path, keep_existing: Callable[[Path], bool]) -> Iterat
     error the new folder is removed and ``target`` is left as it was.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(target)
     staging = _new_name_beside(target, "tmp")
     try:
         os.mkdir(staging, 0o777)  # the mode mkdir gives, less the umask; mkdtemp gives 0700
@@ -136,6 +138,20 @@ def _renamed(source: Path, target: Path) -> bool:
             return False
         raise
     return True
+
+
+# A staging or set-aside folder this old was left by a writer that was killed; a live
+# writer's is minutes old.
+ABANDONED_AFTER_SECONDS = 24 * 3600
+
+
+def _remove_abandoned(target: Path) -> None:
+    now = time.time()
+    for pattern in (f".{target.name}.*.tmp", f".{target.name}.*.stale"):
+        for leftover in target.parent.glob(pattern):
+            with suppress(OSError):
+                if leftover.is_dir() and now - leftover.stat().st_mtime > ABANDONED_AFTER_SECONDS:
+                    shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _new_name_beside(target: Path, suffix: str) -> Path:

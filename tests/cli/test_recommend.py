@@ -113,7 +113,7 @@ def test_batch_writes_one_json_line_per_input_line(
 def test_batch_lines_may_be_json_lists_of_ids(
     file_run: Path, items: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """For ids that hold spaces or commas; a line that is not a JSON list is named."""
+    """For ids that hold spaces or commas; a line that is not a JSON list of ids is plain."""
     source, target = tmp_path / "in.txt", tmp_path / "out.jsonl"
     source.write_text(f'{json.dumps(items[:3])}\n["{items[4]}", "no such item"]\n')
     done = run_seqrec("recommend", file_run, "--input", source, "--output", target, "-k", "3")
@@ -123,14 +123,16 @@ def test_batch_lines_may_be_json_lists_of_ids(
     alone = recommend_json(capsys, file_run, "--history", *items[:3], "-k", "3")
     assert rows[0]["items"] == alone["items"]
     assert rows[1]["unknown"] == ["no such item"]
-    source.write_text(f'{items[0]}\n["{items[1]}", \n')
+    source.write_text(f"[UNK] {items[1]}\n[1, true]\n")  # not JSON lists of ids: plain ids
     done = run_seqrec("recommend", file_run, "--input", source, "--output", target)
-    assert done.returncode == 2
-    assert f"--input {source}:2: not a JSON list of ids" in done.stderr
+    assert done.returncode == 3  # the second line has no known item
+    rows = read_jsonl(target)
+    assert rows[0]["unknown"] == ["[UNK]"]
+    assert rows[1]["unknown"] == ["[1", "true]"]
 
 
-class ClosedPipe(io.StringIO):
-    """stdout whose reader has gone (``seqrec ... | head -1``): every write fails."""
+class FailingStdout(io.StringIO):
+    """stdout over ``descriptor`` whose every write fails as a closed pipe's does."""
 
     def __init__(self, descriptor: int) -> None:
         super().__init__()
@@ -146,14 +148,27 @@ class ClosedPipe(io.StringIO):
 def test_output_into_a_reader_that_stopped_early_is_no_error(
     file_run: Path,
     items: list[str],
-    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with open(tmp_path / "stdout", "w") as stdout:
-        monkeypatch.setattr(sys, "stdout", ClosedPipe(stdout.fileno()))
-        assert main(["recommend", str(file_run), "--history", items[0]]) == 0
+    """``seqrec recommend ... | head -1``: no message, and the status a shell gives a process
+    that SIGPIPE ended; a broken pipe that is not stdout's stays an error."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone
+    try:
+        monkeypatch.setattr(sys, "stdout", FailingStdout(write_end))
+        assert main(["recommend", str(file_run), "--history", items[0]]) == 141
+    finally:
+        os.close(write_end)
     assert capsys.readouterr().err == ""
+    read_end, write_end = os.pipe()  # a reader still there: the pipe that broke is another
+    try:
+        monkeypatch.setattr(sys, "stdout", FailingStdout(write_end))
+        assert main(["recommend", str(file_run), "--history", items[0]]) == 2
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert "error: [Errno 32] Broken pipe" in capsys.readouterr().err
 
 
 def test_batch_with_bad_lines_exits_3_and_marks_them(

@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -170,3 +171,19 @@ def test_writers_racing_for_one_folder_leave_one_writers_whole_folder(tmp_path: 
     assert len(writers_in(target)) == 1
     assert len(list(target.iterdir())) == 20
     assert [p.name for p in tmp_path.iterdir()] == ["entry"]
+
+
+def test_folders_a_killed_writer_left_are_removed_once_old(tmp_path: Path) -> None:
+    target = tmp_path / "entry"
+    old, recent = tmp_path / ".entry.0badc0de.tmp", tmp_path / ".entry.1badc0de.stale"
+    for leftover in (old, recent):
+        leftover.mkdir()
+        fill(leftover, "killed")
+    long_ago = time.time() - 2 * 24 * 3600
+    os.utime(old, (long_ago, long_ago))
+    with atomic_folder(target, keep_existing=lambda _: True) as staging:
+        fill(staging, "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        recent.name,
+        "entry",
+    ]  # a live writer's may be young

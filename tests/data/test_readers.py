@@ -165,6 +165,20 @@ def test_quoted_csv_fields_keep_their_commas_and_doubled_quotes(tmp_path: Path) 
     assert rows(read_interactions(path)) == [("u1", "Book, vol. 2"), ("u1", '12" pizza')]
 
 
+def test_a_quoted_tsv_reads_like_a_quoted_csv(tmp_path: Path) -> None:
+    """What Python's csv and pandas write with sep="\\t": a field quoted when it holds a
+    tab or a quote; here the header too."""
+    text = '"user_id"\t"item_id"\tts\nu1\t"a\tb"\t"1"\nu1\t"12"" pizza"\t2\n'
+    df = read_interactions(write(tmp_path / "a.tsv", text), "auto", ColumnMap(timestamp="ts"))
+    assert rows(df) == [("u1", "a\tb", 1), ("u1", '12" pizza', 2)]
+
+
+def test_a_whitespace_line_beside_an_empty_optional_field_is_skipped(tmp_path: Path) -> None:
+    text = "user_id,item_id,ts,stars\nu1,i1,1,\n   \nu1,i2,2,5\n"
+    df = read_interactions(write(tmp_path / "a.csv", text), "csv", ColumnMap(timestamp="ts"))
+    assert rows(df) == [("u1", "i1", 1), ("u1", "i2", 2)]
+
+
 def test_a_tsv_quote_is_part_of_the_value(tmp_path: Path) -> None:
     path = write(tmp_path / "a.tsv", 'user_id\titem_id\nu1\t12" pizza\nu1\t"quoted" name\nu2\tx\n')
     assert rows(read_interactions(path)) == [

@@ -335,6 +335,18 @@ WORKER = textwrap.dedent(
         summed = group.sum_dicts({"a": 1.0, f"only{rank}": 2.0})
         assert summed == {"a": 2.0, "only0": 2.0, "only1": 2.0}, summed
         assert group.from_main(lambda: f"from {rank}") == "from 0"
+        assert group.local_main_first(lambda: f"read by {rank}") == f"read by {rank}"
+        for failing in (0, 1):  # the first rank of the machine, then another one
+            def work():
+                if rank == failing:
+                    raise ValueError(f"no data on rank {rank}")
+                return "read"
+            try:
+                group.local_main_first(work)
+            except Exception as err:  # every rank raises, none waits for the others
+                print(f"rank {rank}: {type(err).__name__}: {err}")
+            else:
+                sys.exit(f"rank {rank}: rank {failing}'s failure went unnoticed")
 
         torch.manual_seed(rank)  # different weights on every rank, until the broadcast
         model = nn.Linear(2, 2)
@@ -360,6 +372,9 @@ def test_collectives_of_the_data_parallel_group(tmp_path: Path) -> None:
     for rank in (0, 1):
         assert f"rank {rank}: the ranks disagree on their rank (0, 1 on ranks 0..1)" in done.stdout
         assert f"rank {rank}: the ranks' weights differ after an epoch" in done.stdout
+        assert f"rank {rank}: ValueError: no data on rank {rank}" in done.stdout
+    for rank, what in ((1, "preparing"), (0, "reading")):
+        assert f"rank {rank}: DataError: another rank failed while {what} the data" in done.stdout
 
 
 def test_data_parallel_batches_split_every_step_between_the_ranks() -> None:

@@ -374,6 +374,10 @@ def test_a_body_that_is_not_json_gets_422_without_its_bytes(base: str, items: li
     status, answer = send(base, "/recommend", body, "application/x-www-form-urlencoded")
     assert status == 422
     assert "Content-Type: application/json" in answer["detail"][-1]["msg"]
+    body = json.dumps({"history": items[:3], "k": 0}).encode()  # read as JSON without a type
+    status, answer = send(base, "/recommend", body, "")
+    assert status == 422
+    assert all(error["loc"][0] == "body" for error in answer["detail"])  # no header hint
     assert call(base, "/recommend", {"history": items[:3]})[0] == 200
 
 

@@ -337,21 +337,20 @@ def _load_parquet(path: Path, needed: list[str]) -> pl.DataFrame:
 
 
 def _load_delimited(path: Path, comma: bool) -> pl.DataFrame:
-    """A csv (RFC 4180 quoting) or tsv (no quoting: a quote is a character like any other, as
-    database exports write them) file; blank lines are skipped."""
+    """A csv or tsv file with RFC 4180 quoting; a tsv that does not parse so (a quote inside a
+    value, as database exports write them) is read with quotes as ordinary characters. Blank
+    lines are skipped."""
     separator = "," if comma else "\t"
     data = _read_bytes(path)
     try:
-        df = pl.read_csv(
-            io.BytesIO(data),
-            separator=separator,
-            infer_schema=False,
-            quote_char='"' if comma else None,
-        )
+        df = _parse_delimited(data, separator, quoted=True)
     except pl.exceptions.PolarsError as err:
-        raise _ragged_line(path, data, separator) or DataError(
-            f"cannot parse {path}: {str(err).splitlines()[0]}"
-        ) from None
+        unquoted = None if comma else _unquoted_tsv(data)
+        if unquoted is None:
+            raise _ragged_line(path, data, separator, strict=True) or DataError(
+                f"cannot parse {path}: {str(err).splitlines()[0]}"
+            ) from None
+        df = unquoted
     if sum(df.null_count().row(0)):
         blank = pl.all_horizontal(pl.all().is_null() | (pl.all().str.strip_chars() == ""))
         blanks = int(df.select(blank.sum()).item())
@@ -359,26 +358,41 @@ def _load_delimited(path: Path, comma: bool) -> pl.DataFrame:
             logger.info("%s: skipped %d blank line(s)", path, blanks)
             df = df.filter(~blank)
     if sum(df.null_count().row(0)):  # Polars fills a short line with nulls: find it
-        error = _ragged_line(path, data, separator)
+        error = _ragged_line(path, data, separator, strict=False)
         if error is not None:
             raise error
     return df
 
 
-def _ragged_line(path: Path, data: bytes, separator: str) -> DataError | None:
+def _parse_delimited(data: bytes, separator: str, quoted: bool) -> pl.DataFrame:
+    return pl.read_csv(
+        io.BytesIO(data),
+        separator=separator,
+        infer_schema=False,
+        quote_char='"' if quoted else None,
+    )
+
+
+def _unquoted_tsv(data: bytes) -> pl.DataFrame | None:
+    try:
+        return _parse_delimited(data, "\t", quoted=False)
+    except pl.exceptions.PolarsError:
+        return None
+
+
+def _ragged_line(path: Path, data: bytes, separator: str, strict: bool) -> DataError | None:
     """The first line whose field count differs from the header's, or where a quoted field
-    that never closes begins (slow path, errors only)."""
+    that never closes begins (slow path, errors only). ``strict`` (for a file Polars could not
+    parse) also finds a quote open at the end of the file, and quoting Polars refused."""
     text = io.StringIO(data.decode("utf-8", errors="replace"))
-    if separator == ",":
-        reader = csv.reader(text, delimiter=separator, strict=True)
-    else:
-        reader = csv.reader(text, delimiter=separator, quoting=csv.QUOTE_NONE, strict=True)
+    csv.field_size_limit(max(csv.field_size_limit(), len(data) + 1))  # one field may be all
+    reader = csv.reader(text, delimiter=separator, strict=strict)
     start = 1  # the line the next record begins on
     try:
         header = next(reader, [])
         start = reader.line_num + 1
         for row in reader:
-            if row and len(row) != len(header):
+            if any(field.strip() for field in row) and len(row) != len(header):
                 if reader.line_num > start:  # a record over several lines: an open quote
                     return _unclosed_quote(path, start, reader.line_num)
                 return DataError(
@@ -387,7 +401,7 @@ def _ragged_line(path: Path, data: bytes, separator: str) -> DataError | None:
                 )
             start = reader.line_num + 1
     except csv.Error as err:
-        if "end of data" in str(err) or "field limit" in str(err):
+        if "end of data" in str(err):
             return _unclosed_quote(path, start, None)  # it runs to the end of the file
         if reader.line_num > start:
             return _unclosed_quote(path, start, reader.line_num)

@@ -881,9 +881,12 @@ class RecRec(ScoringRecommender):
     def _num_examples(self, batch: SeqBatch) -> int:
         """How many training examples the batch holds: its labelled positions, or with
         ``train_positions`` last or prefixes its rows with a newest label."""
-        if self.config.train_positions == "all" or batch.labels is None:
-            return batch.num_targets
-        return int((batch.labels[:, -1] != PAD_ID).sum())
+        if batch.labels is None:
+            return 0
+        labels = batch.labels[:, -self.config.max_seq_len :]  # as _training_examples reads them
+        if self.config.train_positions != "all":
+            labels = labels[:, -1:]
+        return int((labels != PAD_ID).sum())
 
     def _training_examples(self, batch: SeqBatch) -> tuple[Encoded, Tensor, Tensor]:
         """H and M_0 of the batch's training examples, which groups are real, their targets."""

@@ -136,12 +136,14 @@ def create_app(
         # worst, and raw bytes (a body sent as text/plain) that JSON cannot hold unless UTF-8.
         errors = [{key: value for key, value in e.items() if key != "input"} for e in err.errors()]
         content_type = request.headers.get("content-type", "")
-        if not content_type.split(";")[0].strip().lower().endswith("json"):  # curl -d's default
+        media = content_type.split(";")[0].strip().lower()
+        about_body = any(error.get("loc", ("",))[0] == "body" for error in errors)
+        if about_body and media and not media.endswith("json"):  # curl -d's form encoding
             errors.append(
                 {
                     "loc": ["header", "content-type"],
                     "msg": f"the body is read as JSON only with Content-Type: application/json, "
-                    f"not {content_type or 'none'!r}",
+                    f"not {content_type!r}",
                     "type": "content_type",
                 }
             )

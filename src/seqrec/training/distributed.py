@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from seqrec.config import ConfigError
+from seqrec.data.schema import DataError
 from seqrec.evaluation import EvalShare
 
 logger = logging.getLogger(__name__)
@@ -97,23 +98,28 @@ class DataParallel:
             return torch.device("cuda", self.local_rank)
         return device
 
-    def barrier(self) -> None:
-        """Wait until every rank is here."""
-        if self.world_size > 1:
-            dist.barrier()
-
     def local_main_first(self, work: Callable[[], T]) -> T:
         """``work()`` on every rank, on each machine's first rank before the others (data
         preparation: one process per machine downloads and fills the cache, the others read
         it)."""
         if self.world_size == 1:
             return work()
-        if self.is_local_main:
-            result = work()
-            self.barrier()
-            return result
-        self.barrier()
-        return work()
+        value, error = _attempt(work) if self.is_local_main else (None, None)
+        self._raise_if_any_failed(error, "preparing the data")  # waits for every first rank
+        if not self.is_local_main:
+            value, error = _attempt(work)
+        self._raise_if_any_failed(error, "reading the data")
+        return cast(T, value)
+
+    def _raise_if_any_failed(self, error: Exception | None, what: str) -> None:
+        """Every rank learns whether any rank failed and raises then, so that none waits for
+        the others at its next collective until the timeout."""
+        failed = torch.tensor([int(error is not None)], device=self._collective_device())
+        dist.all_reduce(failed)
+        if error is not None:
+            raise error
+        if int(failed.item()):
+            raise DataError(f"another rank failed while {what}; its own error says why")
 
     def from_main(self, value: Callable[[], T]) -> T:
         """``value()`` computed on rank 0 only and sent to every rank."""
@@ -231,6 +237,13 @@ class DataParallel:
 
 
 SINGLE_PROCESS = DataParallel()
+
+
+def _attempt(work: Callable[[], T]) -> tuple[T | None, Exception | None]:
+    try:
+        return work(), None
+    except Exception as err:  # raised again on this rank once every rank knows
+        return None, err
 
 
 def _buckets(parameters: Sequence[Tensor]) -> Iterator[list[Tensor]]:

@@ -191,7 +191,8 @@ def train_one_epoch(
         group.sum_gradients(trained)
         if positions is not None:
             grads = [p.grad for p in trained if p.grad is not None]
-            torch._foreach_mul_(grads, 1.0 / max(total, 1.0))
+            if grads:
+                torch._foreach_mul_(grads, 1.0 / max(total, 1.0))
         if grad_clip is not None:
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
