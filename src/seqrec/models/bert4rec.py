@@ -105,10 +105,6 @@ class BERT4RecConfig(ItemLossConfig):
         )
 
     @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives  # a mean over the masked items, drawn per row
-
-    @property
     def mask_id(self) -> int:
         """The [MASK] token: one id past the catalogue."""
         return self.num_items + 1

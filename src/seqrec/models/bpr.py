@@ -55,10 +55,6 @@ class BPRConfig(ItemLossConfig):
         if self.num_users < 1:
             raise ConfigError("model bpr needs the number of users from the data")
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives  # a mean over the window items (ModelOutput.num_targets)
-
 
 @register_model
 class BPRMF(ScoringRecommender):

@@ -83,10 +83,6 @@ class CaserConfig(ItemLossConfig):
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives  # a mean over T targets ahead (ModelOutput.num_targets)
-
 
 @register_model
 class Caser(ScoringRecommender):

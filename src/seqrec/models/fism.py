@@ -60,10 +60,6 @@ class FISMConfig(ItemLossConfig):
             raise ConfigError(f"model.hidden_size must be >= 1, got {self.hidden_size}")
         check_float("model.alpha", self.alpha, at_least=0.0, at_most=1.0)
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives
-
 
 @register_model
 class FISM(ScoringRecommender):

@@ -48,10 +48,6 @@ class FMCConfig(ItemLossConfig):
         if self.hidden_size < 1:
             raise ConfigError(f"model.hidden_size must be >= 1, got {self.hidden_size}")
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives
-
 
 @register_model
 class FMC(ScoringRecommender):

@@ -52,10 +52,6 @@ class FPMCConfig(ItemLossConfig):
         if self.num_users < 1:
             raise ConfigError("model fpmc needs the number of users from the data")
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives
-
 
 @register_model
 class FPMC(ScoringRecommender):

@@ -98,10 +98,6 @@ class GRU4RecConfig(ItemLossConfig):
         if self.elu_param > 0.0 and self.loss == "ce":
             raise ConfigError("model.elu_param applies to sampled losses; use 0 with loss: ce")
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives
-
 
 def _uniform_init(weight: Tensor, fan_in: int, fan_out: int) -> None:
     """U(-s, s) with s = sqrt(6 / (fan_in + fan_out)), the reference's init_matrix."""

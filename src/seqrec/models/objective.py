@@ -79,6 +79,13 @@ class ItemLossConfig(ModelConfig):
         return self.loss != "ce" and self.negative_sampler == "in_batch"
 
     @property
+    def loss_splits_by_rows(self) -> bool:
+        # The menu's losses are means over positions of terms of their own row (a model whose
+        # positions are not the labelled ones says so in ModelOutput.num_targets), except a
+        # sampled loss over in-batch negatives. A model that couples rows otherwise overrides.
+        return not self.in_batch_negatives
+
+    @property
     def batch_needs(self) -> BatchNeeds:
         if self.loss == "ce":
             return BatchNeeds()

@@ -120,10 +120,6 @@ class SASRecConfig(ItemLossConfig):
             raise ConfigError("model.user_embedding needs the number of users from the data")
         check_float("model.init_std", self.init_std, above=0.0, nullable=True)
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives
-
 
 class SelfAttention(nn.Module):
     """Multi-head causal self-attention with separate W^Q, W^K, W^V (fused in one Linear)."""

@@ -77,10 +77,6 @@ class TransRecConfig(ItemLossConfig):
                 "L2 distances is not a dot product); use a sampled loss with distance: l2"
             )
 
-    @property
-    def loss_splits_by_rows(self) -> bool:
-        return not self.in_batch_negatives
-
 
 @register_model
 class TransRec(ScoringRecommender):

@@ -114,11 +114,10 @@ class DataParallel:
     def _raise_if_any_failed(self, error: Exception | None, what: str) -> None:
         """Every rank learns whether any rank failed and raises then, so that none waits for
         the others at its next collective until the timeout."""
-        failed = torch.tensor([int(error is not None)], device=self._collective_device())
-        dist.all_reduce(failed)
+        failed = self.sum_floats([int(error is not None)])[0]
         if error is not None:
             raise error
-        if int(failed.item()):
+        if failed:
             raise DataError(f"another rank failed while {what}; its own error says why")
 
     def from_main(self, value: Callable[[], T]) -> T:
