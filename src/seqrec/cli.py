@@ -528,6 +528,8 @@ def cmd_analyze_depth(args: argparse.Namespace) -> int:
         split=args.split,
         device=args.device,
     )
+    if launched_rank() != 0:  # under torchrun, rank 0 writes and reports for every rank
+        return 0
     print(report.read_text())
     print(f"report: {report}")
     return 0

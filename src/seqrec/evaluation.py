@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -36,11 +37,12 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EvalShare:
     """This process ranks every ``count``-th chunk of users, from chunk ``index``; ``add_up``
-    sums an array over the processes (each holds zeros for the users it did not rank)."""
+    sums an array (int64 or float64, kept) over the processes (each holds zeros for the users
+    it did not rank)."""
 
     index: int
     count: int
-    add_up: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]
+    add_up: Callable[[npt.NDArray[Any]], npt.NDArray[Any]]
 
 
 @dataclass(frozen=True)
@@ -316,10 +318,10 @@ def _added_up(
 ) -> tuple[list[npt.NDArray[np.int64]], int]:
     """Every process's ranks (and short users) summed. A process that ranked no chunk (more
     processes than chunks) learns the number of variants from those that did."""
-    variant_total, rankers = share.add_up(np.array([len(ranks), int(bool(ranks))]))
+    variant_total, rankers = share.add_up(np.array([len(ranks), int(bool(ranks))], np.int64))
     variants = int(variant_total // rankers) if rankers else 0
     mine = ranks or [np.zeros(num_users, dtype=np.int64) for _ in range(variants)]
-    flat = share.add_up(np.concatenate([*mine, np.array([short_users], dtype=np.int64)]))
+    flat = share.add_up(np.concatenate([*mine, [short_users]]).astype(np.int64))
     return [flat[v * num_users : (v + 1) * num_users] for v in range(len(mine))], int(flat[-1])
 
 

@@ -164,6 +164,19 @@ def test_cache_key_follows_config_and_file(tmp_path: Path) -> None:
     assert changed.id_map.users == ["u1", "u2", "u3"]
 
 
+def test_a_rewrite_keeping_size_and_mtime_is_prepared_anew(tmp_path: Path) -> None:
+    # As `cp -p` or `rsync -t` leave it: other bytes, the same size and modification time.
+    path = write_csv(tmp_path)
+    cache = tmp_path / "cache"
+    before = path.stat()
+    assert prepare(csv_config(path), cache_dir=cache).id_map.users == ["u1", "u2"]
+    path.write_text(CSV.replace("u1", "u9"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+    assert prepare(csv_config(path), cache_dir=cache).id_map.users == ["u2", "u9"]
+    assert len(cache_entries(cache)) == 2
+
+
 def test_use_cache_false_writes_nothing(tmp_path: Path) -> None:
     prepare(csv_config(write_csv(tmp_path)), cache_dir=tmp_path / "cache", use_cache=False)
     assert cache_entries(tmp_path / "cache") == []

@@ -6,6 +6,7 @@ losses, validation metrics and weights, up to the order of floating-point sums.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -21,12 +22,14 @@ import numpy as np
 import pytest
 import torch
 
+from seqrec.analysis.depth import depth_curve
 from seqrec.config import ConfigError, EvalConfig, experiment_from_raw
 from seqrec.data.batches import TrainBatches
 from seqrec.data.prepare import prepare
 from seqrec.evaluation import EvalResult, EvalShare, evaluate_model
 from seqrec.models.base import build_model, build_model_config
 from seqrec.tokenizers import SemanticIds
+from seqrec.training.checkpoint import load_run
 from seqrec.training.distributed import (
     SINGLE_PROCESS,
     DataParallel,
@@ -34,6 +37,7 @@ from seqrec.training.distributed import (
     launched_rank,
 )
 from seqrec.training.loop import check_trainer_config, epoch_randomness
+from seqrec.training.run import data_for_run
 from seqrec.training.semantic_ids import SEMANTIC_IDS
 from tests.cli.helpers import (
     RECREC,
@@ -43,6 +47,7 @@ from tests.cli.helpers import (
     tiger_raw,
     tiny_raw,
     train_isolated,
+    train_recrec_stage_2,
     write_yaml,
 )
 
@@ -99,6 +104,13 @@ def assert_same_trajectory(
     results_one = json.loads((one / "results.json").read_text())
     results_two = json.loads((two / "results.json").read_text())
     assert results_two["NDCG@10"] == pytest.approx(results_one["NDCG@10"], rel=1e-6)
+
+
+def assert_same_rows(rows: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    """The same columns and values, up to the order of floating-point sums."""
+    assert [row.keys() for row in rows] == [row.keys() for row in expected]
+    for row, want in zip(rows, expected, strict=True):
+        assert row == {key: pytest.approx(value, rel=1e-9) for key, value in want.items()}
 
 
 def batch_size_with_a_one_row_last_batch(raw: dict[str, Any], cache: Path) -> int:
@@ -276,6 +288,20 @@ def test_two_ranks_evaluate_a_run_as_one_process(tmp_path: Path, protocol: str) 
     assert (tmp_path / "two.csv").read_bytes() == (tmp_path / "one.csv").read_bytes()
 
 
+def test_two_ranks_analyze_depth_as_one_process(tmp_path: Path) -> None:
+    """``torchrun ... seqrec analyze depth``: the ranks share the users, rank 0 writes and
+    prints the one report, with the curve one process computes."""
+    run = train_recrec_stage_2(tmp_path)
+    args = (str(run), "--max-depth", "2")
+    alone = run_seqrec("analyze", "depth", *args, "--out", tmp_path / "one")
+    assert alone.returncode == 0, alone.stderr
+    done = torchrun("-m", "seqrec.cli", "analyze", "depth", *args, "--out", str(tmp_path / "two"))
+    assert done.stdout.count("report: ") == 1
+    rows_one = json.loads((tmp_path / "one" / "depth.json").read_text())
+    rows_two = json.loads((tmp_path / "two" / "depth.json").read_text())
+    assert_same_rows(rows_two, rows_one)
+
+
 def test_ranks_stay_in_step_with_dropout_and_sampled_negatives(tmp_path: Path) -> None:
     """With dropout and sampled negatives the ranks draw differently (no parity with one
     process), yet their weights stay identical: the run checks them after every epoch."""
@@ -446,10 +472,12 @@ class SummingExchange:
     def __init__(self, count: int) -> None:
         self._barrier = threading.Barrier(count)
         self._arrays: dict[int, np.ndarray] = {}
+        self.calls = 0  # by thread 0
 
     def add_up(self, index: int) -> Any:
         def add_up(values: np.ndarray) -> np.ndarray:
             self._arrays[index] = values.copy()
+            self.calls += index == 0
             self._barrier.wait()
             total: np.ndarray = sum(self._arrays.values())  # type: ignore[assignment]
             self._barrier.wait()  # every thread has its sum before the next call overwrites
@@ -484,3 +512,28 @@ def test_evaluation_shared_between_processes_equals_one_process(
         np.testing.assert_array_equal(result.ranks, alone.ranks)
         assert result.metrics == alone.metrics
         assert result.protocol == alone.protocol
+
+
+def test_depth_curve_shared_between_processes_equals_one_process(tmp_path: Path) -> None:
+    """Every depth's metrics and the interest cosines (means over every process's users)."""
+    run = load_run(train_recrec_stage_2(tmp_path))
+    data = data_for_run(run)
+    eval_config = dataclasses.replace(run.config.eval, batch_size=16)
+    alone = depth_curve(run.model, data, eval_config, max_depth=3)
+    count = 3
+    exchange = SummingExchange(count)
+
+    def share(index: int) -> list[dict[str, Any]]:
+        return depth_curve(
+            run.model,
+            data,
+            eval_config,
+            max_depth=3,
+            share=EvalShare(index, count, exchange.add_up(index)),
+        )
+
+    with ThreadPoolExecutor(count) as pool:
+        shared = list(pool.map(share, range(count)))
+    assert exchange.calls == 3  # twice for the ranks, once for the interest cosines
+    for rows in shared:
+        assert_same_rows(rows, alone)

@@ -28,11 +28,12 @@ from torch import Tensor
 from seqrec.analysis.tables import markdown_table, write_table
 from seqrec.config import ConfigError, EvalConfig, SplitChoice
 from seqrec.data.sequences import PreparedData
-from seqrec.evaluation import describe_protocol, evaluate_model_variants
+from seqrec.evaluation import EvalShare, describe_protocol, evaluate_model_variants
 from seqrec.io import atomic_write, atomic_write_text
 from seqrec.models.base import SequentialRecommender, with_inference_settings
 from seqrec.models.recrec import RecRec, interest_diversity
 from seqrec.training.checkpoint import load_run
+from seqrec.training.distributed import data_parallel
 from seqrec.training.loop import resolve_device
 from seqrec.training.run import data_for_run
 
@@ -85,11 +86,15 @@ class _DepthSweep:
         assert isinstance(model, DepthScorer)  # check_depth_model
         return model.scores_at_depths(input_ids, self.max_depth)
 
-    def mean_cosines(self) -> list[float] | None:
-        """None where there is no pair of interests to compare (not RecRec, or R = 1)."""
+    def mean_cosines(self, share: EvalShare | None = None) -> list[float] | None:
+        """None where there is no pair of interests to compare (not RecRec, or R = 1). With
+        ``share``, over the users every process scored."""
         if not isinstance(self.model, RecRec) or self.model.config.num_interests < 2:
             return None
-        return [total / max(self.users, 1) for total in self.cosine_sums]
+        sums = np.array([*self.cosine_sums, self.users], dtype=np.float64)
+        if share is not None:
+            sums = share.add_up(sums)
+        return [float(total / max(sums[-1], 1)) for total in sums[:-1]]
 
 
 def depth_curve(
@@ -100,16 +105,20 @@ def depth_curve(
     *,
     split: SplitChoice = "test",
     device: str = "cpu",
+    share: EvalShare | None = None,
 ) -> list[dict[str, Any]]:
     """One row per depth 0..max_depth: NDCG@10, Recall@10/20 with CI half-widths (and, for
-    RecRec, the mean pairwise interest cosine), all depths in one pass over the users."""
+    RecRec, the mean pairwise interest cosine), all depths in one pass over the users.
+    ``share``: this process scores its share of them, and every process gets every row."""
     check_depth_model(model, max_depth)
     if len(data.eval_set(split)) == 0:
         raise ConfigError(f"the {split} split has no users to evaluate the depth curve on")
     sweep = _DepthSweep(model, max_depth)
     config = dataclasses.replace(eval_config, ks=(10, 20))
-    results = evaluate_model_variants(model, data, config, sweep, split=split, device=device)
-    cosines = sweep.mean_cosines()
+    results = evaluate_model_variants(
+        model, data, config, sweep, split=split, device=device, share=share
+    )
+    cosines = sweep.mean_cosines(share)
     rows: list[dict[str, Any]] = []
     for depth, result in enumerate(results):
         row: dict[str, Any] = {"depth": depth}
@@ -194,17 +203,38 @@ def analyze_depth(
     split: SplitChoice = "test",
     device: str = "auto",
 ) -> Path:
-    """The depth curve N = 0..max_depth of a trained run; returns the Markdown report path."""
+    """The depth curve N = 0..max_depth of a trained run; returns the Markdown report path.
+
+    In processes launched by ``torchrun`` the users are shared among them (each on its own
+    GPU when on CUDA) and rank 0 writes the report."""
     run = load_run(run_dir)
     check_depth_model(run.model, max_depth)
-    data = data_for_run(run, data_dir)
-    target = str(resolve_device(device))
-    run.model.to(target)
-    rows = depth_curve(run.model, data, run.config.eval, max_depth, split=split, device=target)
-    out = Path(out_dir)
+    with data_parallel(device) as group:
+        data = group.local_main_first(lambda: data_for_run(run, data_dir))
+        target = str(group.device(resolve_device(device)))
+        run.model.to(target)
+        rows = depth_curve(
+            run.model,
+            data,
+            run.config.eval,
+            max_depth,
+            split=split,
+            device=target,
+            share=group.evaluation_share(),
+        )
+    if not group.is_main:
+        return Path(out_dir) / "depth.md"
+    title = f"{run.model.config.name} on {data.name} ({split}): depth curve"
+    protocol = describe_protocol(run.config.eval, data.num_items)
+    return write_depth_report(rows, Path(out_dir), title, f"run: `{run_dir}`; {protocol}")
+
+
+def write_depth_report(
+    rows: Sequence[dict[str, Any]], out: Path, title: str, provenance: str
+) -> Path:
+    """depth.csv/.json, depth.png and depth.md under ``out``; returns the report's path."""
     out.mkdir(parents=True, exist_ok=True)
     files = write_table(rows, out / "depth")
-    title = f"{run.model.config.name} on {data.name} ({split}): depth curve"
     png = plot_depth_curve(rows, out / "depth.png", title)
     columns = ["depth", *METRICS] + (["interest_cosine"] if "interest_cosine" in rows[0] else [])
     report = out / "depth.md"
@@ -213,7 +243,7 @@ def analyze_depth(
         "\n\n".join(
             [
                 f"# {title}",
-                f"run: `{run_dir}`; {describe_protocol(run.config.eval, data.num_items)}",
+                provenance,
                 markdown_table(rows, columns),
                 "\n".join(f"- {line}" for line in depth_summary_lines(rows)),
                 "files: " + ", ".join(p.name for p in [*files, *([png] if png else [])]),

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -173,10 +173,10 @@ class DataParallel:
             return None
         return EvalShare(index=self.rank, count=self.world_size, add_up=self._sum_array)
 
-    def _sum_array(self, values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        tensor = torch.from_numpy(values.astype(np.int64)).to(self._collective_device())
+    def _sum_array(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        tensor = torch.from_numpy(np.ascontiguousarray(values)).to(self._collective_device())
         dist.all_reduce(tensor)
-        summed: npt.NDArray[np.int64] = tensor.cpu().numpy()
+        summed: npt.NDArray[Any] = tensor.cpu().numpy()
         return summed
 
     def broadcast_module(self, module: nn.Module) -> None:
