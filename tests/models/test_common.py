@@ -284,6 +284,21 @@ def test_the_models_whose_loss_splits_by_rows() -> None:
     assert not tiny_model("gru4rec").config.loss_splits_by_rows  # in-batch negatives
 
 
+def test_every_model_that_learns_can_train_data_parallel() -> None:
+    """Its loss splits by rows, or gathers the rows it couples over the ranks (DuoRec's
+    InfoNCE, in-batch negatives): a model that does neither could not be trained on more
+    than one process."""
+    for name in sorted(set(MODELS.names()) - COUNTING_MODELS):
+        for changes in ({}, {"loss": "bpr", "negative_sampler": "in_batch"}):
+            try:
+                config = tiny_model(name, **changes).config
+            except ConfigError:  # the model has no such loss
+                continue
+            assert config.loss_splits_by_rows or config.loss_gathers_rows, (name, changes)
+    assert tiny_model("duorec").config.loss_gathers_rows
+    assert tiny_model("sasrec", loss="bpr", negative_sampler="in_batch").config.loss_gathers_rows
+
+
 def rows(batch: SeqBatch, keep: slice) -> SeqBatch:
     """The rows ``keep`` of every per-row field (log_q is the sampler's, not a row's), each
     history cut to the part's own longest, as ``TrainBatches`` pads a part."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from seqrec.data.batches import TrainBatches
 from seqrec.data.prepare import prepare
 from seqrec.evaluation import EvalResult, EvalShare, evaluate_model
 from seqrec.models.base import build_model, build_model_config
+from seqrec.models.sasrec import SASRecConfig
 from seqrec.tokenizers import SemanticIds
 from seqrec.training.checkpoint import load_run
 from seqrec.training.distributed import (
@@ -36,7 +38,7 @@ from seqrec.training.distributed import (
     data_parallel,
     launched_rank,
 )
-from seqrec.training.loop import check_trainer_config, epoch_randomness
+from seqrec.training.loop import check_data_parallel, check_trainer_config, epoch_randomness
 from seqrec.training.run import data_for_run
 from seqrec.training.semantic_ids import SEMANTIC_IDS
 from tests.cli.helpers import (
@@ -115,6 +117,11 @@ def assert_same_rows(rows: list[dict[str, Any]], expected: list[dict[str, Any]])
 
 def batch_size_with_a_one_row_last_batch(raw: dict[str, Any], cache: Path) -> int:
     """A batch size that leaves a last batch of one row: the second rank gets none of it."""
+    return batch_size_with_a_last_batch_of(raw, cache, 1)
+
+
+def batch_size_with_a_last_batch_of(raw: dict[str, Any], cache: Path, last: int) -> int:
+    """A batch size in [16, 64) whose last batch has ``last`` rows."""
     config = experiment_from_raw(raw)
     data = prepare(config.data, cache_dir=cache)
     model = build_model(build_model_config(config.model, num_items=data.num_items))
@@ -128,8 +135,8 @@ def batch_size_with_a_one_row_last_batch(raw: dict[str, Any], cache: Path) -> in
             needs=model.batch_needs,
         )
     )
-    size = next((b for b in range(16, 64) if rows % b == 1), None)
-    assert size is not None, f"no batch size in [16, 64) leaves one of {rows} rows"
+    size = next((b for b in range(16, 64) if rows % b == last), None)
+    assert size is not None, f"no batch size in [16, 64) leaves {last} of {rows} rows"
     return size
 
 
@@ -231,6 +238,40 @@ def test_two_ranks_train_bert4rec_whose_loss_averages_its_masked_items(tmp_path:
     two = tmp_path / "two"
     train_cli("--config", str(write_yaml(tmp_path / "bert4rec.yaml", raw)), "--out", str(two))
     assert_same_trajectory(one, two)
+
+
+def test_two_ranks_train_duorec_gathering_each_others_views(tmp_path: Path) -> None:
+    """DuoRec's InfoNCE compares each row's views with the whole batch's: every rank gathers
+    the other's views and gets back the gradient of its own. Without dropout, and contrasting
+    the training pass with a second pass (``un``: no same-target draws, which are per rank),
+    two ranks follow one process."""
+    model = {"name": "duorec", "hidden_size": 16, "max_seq_len": 20, "dropout": 0.0}
+    raw = tiny_raw(model={**model, "contrast": "un", "contrastive_weight": 0.5})
+    raw["train"] = {**raw.get("train", {}), "max_epochs": 2}
+    raw["train"]["batch_size"] = batch_size_with_a_last_batch_of(raw, tmp_path / "cache", 5)
+    one = train_isolated(raw, tmp_path / "one", tmp_path / "cache")
+    two = tmp_path / "two"
+    train_cli("--config", str(write_yaml(tmp_path / "duorec.yaml", raw)), "--out", str(two))
+    assert metrics_rows(two)[0]["loss_contrastive"] > 0.1  # the term is there to be gathered
+    # Weights within 1e-4: sums taken in another order move a few weights whose gradient is
+    # near zero (a ReLU unit that is almost never on) by up to 4e-5 after Adam divides by its
+    # scale; without the other rank's share of the gradient, the weights differ by 1e-2.
+    assert_same_trajectory(one, two, noise=(("attn.qkv.bias", 16, 32),), weight_atol=1e-4)
+
+
+def test_two_ranks_train_on_in_batch_negatives_from_both_ranks(tmp_path: Path) -> None:
+    """GRU4Rec's BPR-max over negatives drawn from the whole batch's targets (each rank draws
+    its own: no parity), DuoRec with its same-target views, each with a last batch of one
+    row, which both ranks skip (a rank without rows could not gather): they train in step."""
+    for name in ("gru4rec", "duorec"):
+        raw = tiny_raw(model={"name": name, "hidden_size": 16, "max_seq_len": 20})
+        raw["train"] = {**raw.get("train", {}), "max_epochs": 2}
+        raw["train"]["batch_size"] = batch_size_with_a_one_row_last_batch(raw, tmp_path / "c")
+        run = tmp_path / name
+        train_cli("--config", str(write_yaml(tmp_path / f"{name}.yaml", raw)), "--out", str(run))
+        rows = metrics_rows(run)  # the run checks that the ranks' weights agree every epoch
+        assert len(rows) == 2
+        assert all(math.isfinite(row["loss"]) for row in rows)
 
 
 def test_two_ranks_train_recrec_stage_2_with_an_update_per_round(tmp_path: Path) -> None:
@@ -387,6 +428,25 @@ WORKER = textwrap.dedent(
             print(f"rank {rank}: {err}")
         else:
             sys.exit(f"rank {rank}: diverged weights went unnoticed")
+
+        from seqrec.nn.row_gather import gather_rows, rows_gathered_over_ranks
+
+        mine = torch.arange(3.0 * (rank + 1)).reshape(rank + 1, 3).add(10 * rank)
+        assert gather_rows(mine)[0] is mine  # outside the training loop: its own rows
+        with rows_gathered_over_ranks():
+            ids, start = gather_rows(torch.tensor([7, 8]) + rank)  # no gradient: plain
+            assert ids.tolist() == [7, 8, 8, 9] and start == 2 * rank, (ids, start)
+            weight = nn.Parameter(mine.clone())  # ranks hold 1 and 2 rows
+            rows, start = gather_rows(weight * 1.0)
+            expected = torch.cat([torch.arange(3.0).reshape(1, 3), torch.arange(6.0).reshape(2, 3)])
+            expected[1:] += 10
+            assert torch.equal(rows, expected) and start == rank, (rows, start)
+            scale = torch.tensor([[1.0], [2.0], [3.0]]) * (rank + 1)  # rank 0 x1, rank 1 x2
+            (rows * scale).sum().backward()
+        # every rank's loss reaches every row: a row's gradient is summed over the ranks
+        summed = torch.tensor([[3.0], [6.0], [9.0]]).expand(3, 3)
+        assert torch.equal(weight.grad, summed[start : start + rank + 1]), weight.grad
+        print(f"rank {rank}: rows gathered")
     """
 )
 
@@ -401,6 +461,8 @@ def test_collectives_of_the_data_parallel_group(tmp_path: Path) -> None:
         assert f"rank {rank}: ValueError: no data on rank {rank}" in done.stdout
     for rank, what in ((1, "preparing"), (0, "reading")):
         assert f"rank {rank}: DataError: another rank failed while {what} the data" in done.stdout
+    assert "rank 0: rows gathered" in done.stdout
+    assert "rank 1: rows gathered" in done.stdout
 
 
 def test_data_parallel_batches_split_every_step_between_the_ranks() -> None:
@@ -436,23 +498,45 @@ def test_data_parallel_batches_split_every_step_between_the_ranks() -> None:
         assert all(len(share[k]) == min(2, size) for share, size in zip(shares, sizes, strict=True))
 
 
-@pytest.mark.parametrize(
-    ("model", "message"),
-    [
-        ({"name": "pop"}, "nothing to optimise"),
-        ({"name": "duorec", "hidden_size": 16, "max_seq_len": 20}, "splits by rows"),
-    ],
-)
-def test_models_that_cannot_split_a_batch_between_ranks_are_refused(
-    model: dict[str, Any], message: str
-) -> None:
+def test_models_that_cannot_split_a_batch_between_ranks_are_refused() -> None:
     raw = tiny_raw()
-    raw["model"] = model
+    raw["model"] = {"name": "pop"}
     config = experiment_from_raw(raw)
     built = build_model(build_model_config(config.model, num_items=50, num_users=10))
     check_trainer_config(built, config, world_size=1)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match="nothing to optimise"):
         check_trainer_config(built, config, world_size=2)
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class CoupledRows(SASRecConfig):  # a loss that couples rows without gathering them
+        @property
+        def loss_splits_by_rows(self) -> bool:
+            return False
+
+    check_data_parallel(CoupledRows(num_items=50), world_size=1)
+    with pytest.raises(ConfigError, match="splits by rows or gathers them from every rank"):
+        check_data_parallel(CoupledRows(num_items=50), world_size=2)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"name": "duorec", "hidden_size": 16, "max_seq_len": 20},
+        {"name": "gru4rec", "hidden_size": 16, "max_seq_len": 20},  # in-batch negatives
+    ],
+)
+def test_models_that_gather_rows_share_a_batch_between_ranks_but_not_between_parts(
+    model: dict[str, Any],
+) -> None:
+    raw = tiny_raw(model=model)
+    config = experiment_from_raw(raw)
+    built = build_model(build_model_config(config.model, num_items=50, num_users=10))
+    assert built.config.loss_gathers_rows
+    assert not built.config.loss_splits_by_rows
+    check_trainer_config(built, config, world_size=2)
+    raw["train"] = {**raw.get("train", {}), "batch_parts": 2}
+    with pytest.raises(ConfigError, match="train.batch_parts needs a loss that splits by rows"):
+        check_trainer_config(built, experiment_from_raw(raw), world_size=1)
 
 
 def test_a_rank_without_a_world_size_is_one_process(monkeypatch: pytest.MonkeyPatch) -> None:

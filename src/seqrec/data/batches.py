@@ -219,7 +219,8 @@ class TrainBatches:
 
     With ``world_size`` > 1 (data-parallel training, ``seqrec.training.distributed``) every
     rank draws the same batches and ``steps`` yields rank ``rank``'s share of each: every
-    ``world_size``-th row of the batch sorted by history length, in its own ``parts``.
+    ``world_size``-th row of the batch sorted by history length, in its own ``parts``
+    (nothing for a batch with fewer rows than ranks when ``rows_on_every_rank``).
     """
 
     sequences: Sequences
@@ -233,6 +234,9 @@ class TrainBatches:
     windows: TrainWindows = "last"
     rank: int = 0
     world_size: int = 1
+    # Every rank must have rows in every step (a loss that gathers rows over the ranks): a
+    # batch with fewer rows than ranks is skipped (at most world_size - 1 rows an epoch).
+    rows_on_every_rank: bool = False
 
     def __post_init__(self) -> None:
         if self.parts < 1:
@@ -317,6 +321,8 @@ class TrainBatches:
         for rows in self._batch_rows(rng):
             if self.parts == 1 and self.world_size == 1:
                 yield [self.batch(rows, sample_rng)]
+                continue
+            if self.rows_on_every_rank and len(rows) < self.world_size:
                 continue
             by_length = rows[np.argsort(self._row_lengths[rows], kind="stable")]
             mine = by_length[self.rank :: self.world_size]

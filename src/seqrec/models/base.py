@@ -69,6 +69,14 @@ class ModelConfig:
         return False
 
     @property
+    def loss_gathers_rows(self) -> bool:
+        """True when the rows a loss couples (``loss_splits_by_rows`` false) meet only through
+        ``seqrec.nn.row_gather.gather_rows``: data-parallel ranks can then share a batch, each
+        gathering the others' rows. The parts of a batch in one process (``train.batch_parts``)
+        cannot: they run one after another."""
+        return False
+
+    @property
     def updates_per_batch(self) -> int:
         """Optimizer steps the training loop takes on each batch (``training_updates``)."""
         return 1

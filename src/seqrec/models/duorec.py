@@ -58,6 +58,7 @@ from seqrec.config import ConfigError, check_float
 from seqrec.models.base import register_model
 from seqrec.models.objective import LossName, dot_product_loss
 from seqrec.models.sasrec import SASRec, SASRecConfig
+from seqrec.nn.row_gather import gather_rows
 
 Contrast = Literal["us_x", "un", "su", "us"]
 
@@ -88,6 +89,10 @@ class DuoRecConfig(SASRecConfig):
     @property
     def loss_splits_by_rows(self) -> bool:
         return False  # the contrastive term's negatives are the batch's other rows
+
+    @property
+    def loss_gathers_rows(self) -> bool:
+        return True  # info_nce gathers the other ranks' views (and any in-batch negatives)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -121,20 +126,28 @@ def info_nce(
 
     Row i of ``first`` and row i of ``second`` are a positive pair; every other view is a
     negative, except, when ``targets`` (B,) is given, views whose row has the same target.
+    Under data-parallel training (``seqrec.nn.row_gather``) a rank's rows are its anchors and
+    every rank's views its candidates: the ranks' means, weighted by their rows, are the mean
+    over the whole batch's anchors.
     """
+    rows = first.size(0)
+    first, start = gather_rows(first)
+    second, _ = gather_rows(second)
     B = first.size(0)
     z = torch.cat([first, second]).float()  # (2B, D)
     if similarity == "cos":
         z = F.normalize(z, dim=-1)
-    logits = z @ z.T / temperature  # (2B, 2B)
-    anchors = torch.arange(2 * B, device=z.device)
-    partner = anchors.roll(B)  # view i pairs with view i + B and back
+    mine = torch.arange(start, start + rows, device=z.device)
+    anchors = torch.cat([mine, mine + B])  # (2b,) this rank's views; all 2B in one process
+    logits = z.index_select(0, anchors) @ z.T / temperature  # (2b, 2B)
+    partner = (anchors + B) % (2 * B)  # view i pairs with view i + B and back
     if targets is None:
-        excluded = anchors.unsqueeze(1) == anchors.unsqueeze(0)  # only the view itself
+        views = torch.arange(2 * B, device=z.device)
+        excluded = anchors.unsqueeze(1) == views.unsqueeze(0)  # only the view itself
     else:
-        both = targets.repeat(2)  # (2B,)
-        excluded = both.unsqueeze(1) == both.unsqueeze(0)  # includes the view itself
-    excluded[anchors, partner] = False
+        both = gather_rows(targets)[0].repeat(2)  # (2B,)
+        excluded = both[anchors].unsqueeze(1) == both.unsqueeze(0)  # includes the view itself
+    excluded[torch.arange(2 * rows, device=z.device), partner] = False
     return F.cross_entropy(logits.masked_fill(excluded, float("-inf")), partner)
 
 

@@ -31,6 +31,7 @@ from seqrec.losses import (
     top1_max,
 )
 from seqrec.models.base import ModelConfig
+from seqrec.nn.row_gather import gather_rows
 
 LossName = Literal["ce", "bce", "sampled_softmax", "gbce", "bpr", "bpr_max", "top1_max"]
 ALL_LOSSES: tuple[LossName, ...] = get_args(LossName)
@@ -84,6 +85,10 @@ class ItemLossConfig(ModelConfig):
         # positions are not the labelled ones says so in ModelOutput.num_targets), except a
         # sampled loss over in-batch negatives. A model that couples rows otherwise overrides.
         return not self.in_batch_negatives
+
+    @property
+    def loss_gathers_rows(self) -> bool:
+        return self.in_batch_negatives  # in_batch_negatives gathers every rank's targets
 
     @property
     def batch_needs(self) -> BatchNeeds:
@@ -140,11 +145,13 @@ class Positions:
 
 
 def in_batch_negatives(config: ItemLossConfig, targets: Tensor) -> Tensor:
-    """S of the batch's own targets, drawn with replacement and shared by every position.
+    """S of the batch's own targets, drawn with replacement and shared by every position
+    (under data-parallel training: from every rank's targets, by each rank for its own).
 
     Their distribution is the target popularity, which logQ correction removes."""
-    picks = torch.randint(targets.numel(), (config.num_negatives,), device=targets.device)
-    return targets[picks]
+    pool, _ = gather_rows(targets)
+    picks = torch.randint(pool.numel(), (config.num_negatives,), device=pool.device)
+    return pool[picks]
 
 
 def batch_negatives(config: ItemLossConfig, batch: SeqBatch, positions: Positions) -> Tensor:

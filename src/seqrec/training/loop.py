@@ -32,6 +32,7 @@ from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import evaluate_model
 from seqrec.metrics import METRICS
 from seqrec.models.base import ModelConfig, SequentialRecommender, build_model_config
+from seqrec.nn.row_gather import rows_gathered_over_ranks
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
 from seqrec.training.cpu_allocator import keep_freed_memory
 from seqrec.training.distributed import SINGLE_PROCESS, DataParallel
@@ -117,13 +118,14 @@ def check_trainer_config(
 
 
 def check_data_parallel(model: ModelConfig, world_size: int) -> None:
-    """Several data-parallel ranks split every batch, which needs a loss that splits by rows."""
-    if world_size > 1 and not model.loss_splits_by_rows:
+    """Several data-parallel ranks split every batch, which needs a loss that splits by rows
+    or gathers the rows it couples over the ranks."""
+    if world_size > 1 and not (model.loss_splits_by_rows or model.loss_gathers_rows):
         raise ConfigError(
             f"data-parallel training splits every batch between the ranks, which needs a loss "
-            f"that splits by rows; {model.name} with these settings does not declare one "
-            "(ModelConfig.loss_splits_by_rows; in-batch negatives or a contrastive term "
-            "couple a batch's rows): train it in one process"
+            f"that splits by rows or gathers them from every rank; {model.name} with these "
+            "settings declares neither (ModelConfig.loss_splits_by_rows, loss_gathers_rows): "
+            "train it in one process"
         )
 
 
@@ -173,7 +175,7 @@ def train_one_epoch(
     With several data-parallel ranks (``group``), ``batches`` are this rank's shares of the
     steps: the gradients and positions are summed over the ranks before each optimizer step,
     so a step is that of the whole batch; the returned figures are those of all ranks
-    together.
+    together. A loss that couples rows gathers the other ranks' (``loss_gathers_rows``).
     """
     model.train()
     start = time.perf_counter()
@@ -202,7 +204,10 @@ def train_one_epoch(
         optimizer.zero_grad(set_to_none=True)
     for step in batches:
         parts = step if isinstance(step, list) else [step]
-        _train_batch(model, parts, totals, autocast, device, update, optimizer is not None, group)
+        with rows_gathered_over_ranks(group.world_size > 1):
+            _train_batch(
+                model, parts, totals, autocast, device, update, optimizer is not None, group
+            )
         totals.targets += sum(part.num_targets for part in parts)
         if progress is not None:
             progress.update(1)
@@ -362,6 +367,7 @@ class Trainer:
             windows=config.train.windows,
             rank=group.rank,
             world_size=group.world_size,
+            rows_on_every_rank=model.config.loss_gathers_rows,
         )
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
