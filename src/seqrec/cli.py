@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import json
 import logging
 import os
 import select
+import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seqrec import __version__
 from seqrec.config import ConfigError, experiment_from_raw, load_raw, set_dotted
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_write_text, written_in_place
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 EXIT_PARTIAL = 3  # batch recommend: some lines could not be answered
 EXIT_STDOUT_CLOSED = 141  # what a shell reports for a process that SIGPIPE ended
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -143,7 +149,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     fit = outcome.fit
     print(f"dataset: {outcome.data.name} ({outcome.data.source})")
     print(
-        f"trained {outcome.model.config.name}: {fit.epochs} epochs, best epoch {fit.best_epoch} "
+        f"trained {outcome.model.config.name}: {_count(fit.epochs, 'epoch')}, best epoch "
+        f"{fit.best_epoch} "
         f"(valid {config.train.monitor} = {fit.best_metric:.4f}), run directory {out}"
     )
     print_result(outcome.test, outcome.model.config.name)
@@ -267,7 +274,7 @@ def _read_histories(path: Path) -> list[list[str]]:
     if not path.exists():
         raise DataError(f"--input {path} does not exist")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM is not an id
     except UnicodeDecodeError as err:
         raise DataError(
             f"--input {path} is not UTF-8 text ({err.reason} at byte {err.start})"
@@ -278,8 +285,9 @@ def _read_histories(path: Path) -> list[list[str]]:
 
 
 def _history(line: str) -> list[str]:
-    """One line of --input: a JSON list of ids (for ids that hold spaces or commas), else ids
-    separated by spaces or commas (so "[UNK] i1" is two plain ids)."""
+    """One line of --input: a JSON list of ids; else a CSV line (ids separated by commas,
+    quotes allowed, spaces around an id dropped) when it has a comma; else ids separated by
+    spaces (so "[UNK] i1" is two plain ids)."""
     if line.lstrip().startswith("["):
         with contextlib.suppress(json.JSONDecodeError):
             ids = json.loads(line)
@@ -287,7 +295,17 @@ def _history(line: str) -> list[str]:
                 isinstance(i, (str, int)) and not isinstance(i, bool) for i in ids
             ):
                 return [str(i) for i in ids]
-    return line.replace(",", " ").split()
+    if "," in line:
+        fields = next(csv.reader([line], skipinitialspace=True))
+        return [field.strip() for field in fields if field.strip()]
+    return line.split()
+
+
+def _ids_text(ids: Sequence[str]) -> str:
+    """Ids for a message: space-separated, or a JSON list when an id holds a space."""
+    if any(not i or len(i.split()) != 1 or i.strip() != i for i in ids):
+        return json.dumps(list(ids), ensure_ascii=False)
+    return " ".join(ids)
 
 
 def _check_recommend_output(source: str, output: str) -> None:
@@ -340,10 +358,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     history = [item for item in args.history if item.strip()]
     (rec,) = predictor.recommend([history], args.k, exclude_seen)
     if rec.error is not None:
-        unknown = f" (unknown item ids: {' '.join(rec.unknown)})" if rec.unknown else ""
+        unknown = f" (unknown item ids: {_ids_text(rec.unknown)})" if rec.unknown else ""
         raise DataError(f"cannot recommend: {rec.error}{unknown}")
     if rec.unknown:
-        print(f"warning: unknown item ids ignored: {' '.join(rec.unknown)}", file=sys.stderr)
+        print(f"warning: unknown item ids ignored: {_ids_text(rec.unknown)}", file=sys.stderr)
     scores = rec.scores or [float("nan")] * len(rec.items)
     if args.json:
         print(json.dumps({"items": rec.items, "scores": rec.scores, "unknown": rec.unknown}))
@@ -377,7 +395,7 @@ def _recommend_batch(
     failed = [row["line"] for row in rows if row["error"] is not None]
     with_unknown = sum(1 for row in rows if row["unknown"])
     where = "stdout" if output == "-" else output
-    print(f"wrote {len(rows)} recommendations to {where}", file=sys.stderr)
+    print(f"wrote {len(rows)} lines to {where}", file=sys.stderr)
     if with_unknown:
         print(f"warning: {with_unknown} histories had unknown item ids", file=sys.stderr)
     if failed:
@@ -398,7 +416,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     seconds = fit.history[-1]["elapsed_seconds"] if fit.history else 0.0  # across resumes
     stopped = f"; stopped: {fit.stop_reason}" if fit.stop_reason else ""
     print(
-        f"SASRec+CE: {fit.epochs} epochs in {seconds:.0f} s (best epoch {fit.best_epoch}{stopped})"
+        f"SASRec+CE: {_count(fit.epochs, 'epoch')} in {seconds:.0f} s "
+        f"(best epoch {fit.best_epoch}{stopped})"
     )
     print(f"\n{'model':<10} {'protocol':<8} {'HR@10':>7} {'NDCG@10':>8} {'MRR@10':>7}  users")
     for label, result in demo.rows:
@@ -535,6 +554,10 @@ def cmd_analyze_depth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
@@ -566,10 +589,35 @@ def _inference_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options: with them ``recommend --k 5`` would mean ``--keep-seen 5``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def _logging_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="debug logging"
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", default=default, help="warnings and errors only"
+    )
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield child
+                yield from _subcommands(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="seqrec", description="Sequential recommendation.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    parser = _Parser(prog="seqrec", description="Sequential recommendation.")
+    parser.add_argument("--version", action="version", version=f"seqrec {__version__}")
+    _logging_flags(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="datasets: list, info, prepare")
@@ -628,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("ranks_a", help="rank file of run A (seqrec evaluate --export-ranks)")
     p.add_argument("ranks_b", help="rank file of run B, the same users and targets")
-    p.add_argument("--k", type=int, nargs="+", default=[10], help="cut-offs (default 10)")
+    p.add_argument("-k", "--k", type=int, nargs="+", default=[10], help="cut-offs (default 10)")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples of users")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="one JSON list on stdout")
@@ -647,11 +695,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history", nargs="+", metavar="ITEM", help="one history, oldest first")
     p.add_argument(
         "--input",
-        help="batch: one history per line, ids separated by spaces or commas, or a JSON list "
-        'of ids (["a b", "c"]) for ids with spaces',
+        help="batch: one history per line: ids separated by spaces, or by commas (a CSV "
+        'line, quotes allowed), or a JSON list of ids (["a b", "c"])',
     )
     p.add_argument("--output", help="batch: JSON lines out, one per input line")
-    p.add_argument("-k", type=int, default=10)
+    p.add_argument("-k", "--k", type=int, default=10, help="items per history (default 10)")
     p.add_argument("--keep-seen", action="store_true", help="allow items from the history")
     p.add_argument("--json", action="store_true")
     _inference_flag(p)
@@ -699,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="relative HR tolerances for the alpha selection",
     )
     p.add_argument("--shuffle-seeds", default="0", help="seeds of the shuffles, e.g. 0,1,2")
-    p.add_argument("-k", type=int, default=10, help="HR@k / NDCG@k (default 10)")
+    p.add_argument("-k", "--k", type=int, default=10, help="HR@k / NDCG@k (default 10)")
     p.add_argument(
         "--filter-seen",
         action=argparse.BooleanOptionalAction,
@@ -738,6 +786,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     _common_data(p)
     p.set_defaults(handler=cmd_analyze_depth)
+    for command in _subcommands(parser):  # -v / -q after the subcommand too
+        _logging_flags(command, default=argparse.SUPPRESS)
     return parser
 
 
@@ -761,7 +811,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        with _sigterm_interrupts():
+            return handler(args)
     except BrokenPipeError as err:
         if not _stdout_reader_gone():
             return _report(err)
@@ -772,9 +823,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_STDOUT_CLOSED
     except (ConfigError, DataError, RunDirError, ValueError, KeyError, OSError) as err:
         return _report(err)
-    except KeyboardInterrupt:
-        print("interrupted; a training run resumes with --resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        how = "terminated" if isinstance(err, _Terminated) else "interrupted"
+        print(f"{how}; a training run resumes with --resume", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(err, _Terminated) else EXIT_INTERRUPTED
     except Exception as err:  # the last line of defence: one line, not a traceback wall
         if os.environ.get("SEQREC_DEBUG"):
             raise
@@ -783,6 +835,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or torchrun's stop): unwound as Ctrl-C is, then reported."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While held, SIGTERM raises ``_Terminated`` (in the main thread only, where signal
+    handlers can be set; the previous handler is restored afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _report(err: Exception) -> int:

@@ -400,9 +400,9 @@ def set_dotted(raw: dict[str, Any], override: str) -> None:
         value = yaml.safe_load(text) if text else None
     except yaml.YAMLError:
         value = text
-    if isinstance(value, str):
+    if isinstance(value, str) and not text.lstrip().startswith(("'", '"')):
         # Tuples and other Python literals (ks=(5,10)); a bare string such as
-        # precision=bf16 stays a string.
+        # precision=bf16 stays a string, and so does a quoted one (column="2024").
         with contextlib.suppress(ValueError, SyntaxError):
             value = ast.literal_eval(value)
     node = raw.get(section)

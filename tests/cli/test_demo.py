@@ -21,7 +21,7 @@ def test_demo_offline_uses_synthetic_data_and_resumes(
     assert main(args) == 0
     first = capsys.readouterr().out
     assert first.startswith("dataset: synthetic")
-    assert "SASRec+CE: 1 epochs" in first
+    assert "SASRec+CE: 1 epoch in" in first
     assert "stopped: train.max_epochs 1 reached)" in first  # the demo says why it ended
     runs = sorted(p.name for p in out.iterdir())
     assert [name.split("-")[0] for name in runs] == ["pop", "sasrec"]

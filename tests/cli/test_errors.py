@@ -82,6 +82,28 @@ def test_bad_config_is_one_line_and_creates_no_run(
     assert not (tmp_path / "run").exists()
 
 
+def test_data_with_no_training_target_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every user with 3 items: leave-one-out leaves one item a user to train on, no target.
+    Training on that once 'succeeded' with loss 0 and perfect validation metrics."""
+    log = tmp_path / "three.csv"
+    log.write_text(
+        "user_id,item_id\n" + "".join(f"u{u},i{u % 4 + j}\n" for u in range(9) for j in range(3))
+    )
+    data = {
+        "dataset": "file",
+        "path": str(log),
+        "min_user_interactions": 1,
+        "min_item_interactions": 1,
+    }
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw(data=data))
+    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
+    assert "nothing to train on: no training sequence has 2 items" in line
+    assert "a user needs 4 or more" in line
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_model_lists_the_available_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

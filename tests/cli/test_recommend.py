@@ -131,6 +131,45 @@ def test_batch_lines_may_be_json_lists_of_ids(
     assert rows[1]["unknown"] == ["[1", "true]"]
 
 
+def test_batch_lines_may_be_csv_lines_and_the_file_may_start_with_a_bom(
+    file_run: Path, items: list[str], tmp_path: Path
+) -> None:
+    source, target = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    lines = [
+        f"{items[0]} {items[1]}",
+        f'"{items[0]}", {items[1]}',  # quotes and a space after the comma
+        f"{items[0]},no such item",  # a comma: the space belongs to the id
+    ]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8-sig")
+    done = run_seqrec("recommend", file_run, "--input", source, "--output", target, "-k", "3")
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(target)
+    assert rows[0]["unknown"] == []  # the BOM is not part of the first id
+    assert rows[1]["items"] == rows[0]["items"]
+    assert rows[2]["unknown"] == ["no such item"]
+    assert "wrote 3 lines to" in done.stderr
+
+
+def test_options_are_not_abbreviated_and_k_has_a_long_form(
+    file_run: Path, items: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--k`` once meant ``--keep-seen`` (an abbreviation) and turned filtering off."""
+    history = items[:8]
+    rec = recommend_json(capsys, file_run, "--history", *history, "--k", "3")
+    assert len(rec["items"]) == 3
+    assert not set(rec["items"]) & set(history)
+    with pytest.raises(SystemExit):
+        main(["recommend", str(file_run), "--history", *history, "--keep", "-k", "3"])
+    assert "unrecognized arguments: --keep" in capsys.readouterr().err
+
+
+def test_unknown_ids_holding_spaces_are_quoted_in_messages(
+    file_run: Path, items: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["recommend", str(file_run), "--history", items[0], "no such", "-q"]) == 0
+    assert 'unknown item ids ignored: ["no such"]' in capsys.readouterr().err
+
+
 class FailingStdout(io.StringIO):
     """stdout over ``descriptor`` whose every write fails as a closed pipe's does."""
 
@@ -272,7 +311,7 @@ def test_output_dash_is_stdout(
     captured = capsys.readouterr()
     rows = [json.loads(line) for line in captured.out.splitlines()]
     assert [row["line"] for row in rows] == [1, 2]
-    assert "wrote 2 recommendations to stdout" in captured.err
+    assert "wrote 2 lines to stdout" in captured.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 

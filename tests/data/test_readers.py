@@ -6,6 +6,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from seqrec.config import DataConfig
+from seqrec.data.prepare import prepare
+from seqrec.data.preprocess import sort_by_time
 from seqrec.data.readers import ColumnMap, detect_format, read_interactions
 from seqrec.data.schema import DataError
 
@@ -225,7 +228,7 @@ def test_a_guessed_format_that_does_not_fit_says_how_to_set_one(tmp_path: Path) 
 
 def test_bad_timestamp_value_is_reported(tmp_path: Path) -> None:
     path = write(tmp_path / "a.csv", "user_id,item_id,ts\n1,2,100\n1,3,yesterday\n")
-    with pytest.raises(DataError, match=r"'yesterday', which is not a timestamp"):
+    with pytest.raises(DataError, match=r"'yesterday' in data row 2, which is not a timestamp"):
         read_interactions(path, "csv", ColumnMap(timestamp="ts"))
 
 
@@ -340,3 +343,164 @@ def test_txt_shards_sniffed_as_pairs_and_sequences_are_read_as_sequences(tmp_pat
         ("u3", "a"),
         ("u4", "c"),
     ]
+
+
+def test_a_sniffed_user_item_timestamp_log_is_refused_as_sequences(tmp_path: Path) -> None:
+    """One interaction per line with a timestamp has 3 tokens, so it sniffs as sequences:
+    the timestamps would become items and each user's lines would be glued together."""
+    text = "Zoë SKU_21 1700556467\nLiu SKU_3 1700556470\nZoë SKU_8 1700556499\n"
+    path = write(tmp_path / "log.txt", text)
+    assert detect_format(path) == "sequences"
+    with pytest.raises(
+        DataError,
+        match=r"log\.txt: user 'Zoë' is on lines 1 and 3, but a sequences file .* holds one "
+        r"line per user; .*one interaction per line.*csv",
+    ):
+        read_interactions(path)
+
+
+def test_pairs_given_as_sequences_are_refused_with_the_pairs_format_named(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.txt", "u1 a\nu2 b\n\nu2 c\n")
+    with pytest.raises(DataError, match=r"user 'u2' is on lines 2 and 4.*data\.format: pairs"):
+        read_interactions(path, "sequences")
+
+
+def rising_within_a_second(values: list[str]) -> str:
+    """A csv of one user's items A..H at ``values`` (oldest first), written newest first."""
+    letters = "ABCDEFGH"[: len(values)]
+    lines = [f"u0,{item},{value}\n" for item, value in zip(letters, values, strict=True)]
+    return "user,item,ts\n" + "".join(reversed(lines))
+
+
+FRACTIONAL_TIMES = {
+    "iso": [f"2023-11-14T22:13:20.{tenth}00Z" for tenth in range(8)],
+    "float seconds": [f"1700000000.{tenth}" for tenth in range(8)],
+    "integer milliseconds": [str(1700000000000 + 100 * tenth) for tenth in range(8)],
+}
+
+
+@pytest.mark.parametrize("kind", list(FRACTIONAL_TIMES))
+def test_events_within_one_second_keep_their_time_order(tmp_path: Path, kind: str) -> None:
+    path = write(tmp_path / "log.csv", rising_within_a_second(FRACTIONAL_TIMES[kind]))
+    config = DataConfig(
+        dataset="file",
+        path=str(path),
+        user_column="user",
+        item_column="item",
+        timestamp_column="ts",
+        min_user_interactions=1,
+        min_item_interactions=1,
+    )
+    prepared = prepare(config, use_cache=False)
+    assert prepared.id_map.item_to_original(prepared.sequences[0]) == list("ABCDEFGH")
+
+
+def test_fractional_timestamps_order_rows_across_shards(tmp_path: Path) -> None:
+    """Shards partitioned by something other than time: the precise time orders them."""
+    write(tmp_path / "log" / "a.csv", "user,item,ts\nu0,late,100.9\nu1,x,50\n")
+    write(tmp_path / "log" / "b.csv", "user,item,ts\nu0,early,100.2\nu0,first,99\n")
+    df = sort_by_time(read_interactions(tmp_path / "log", "csv", ColumnMap("user", "item", "ts")))
+    assert rows(df.filter(pl.col("user_id") == "u0")) == [
+        ("u0", "first", 99),
+        ("u0", "early", 100),
+        ("u0", "late", 100),
+    ]
+
+
+def test_integer_timestamps_keep_the_file_order(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", "user_id,item_id,ts\nu1,a,9\nu2,b,1\nu1,c,9\n")
+    df = read_interactions(path, "csv", ColumnMap(timestamp="ts"))
+    assert rows(df) == [("u1", "a", 9), ("u2", "b", 1), ("u1", "c", 9)]
+
+
+@pytest.mark.parametrize("value", ["NaN", "inf", "1e30"])
+def test_a_csv_timestamp_that_is_no_time_names_file_column_and_row(
+    tmp_path: Path, value: str
+) -> None:
+    path = write(tmp_path / "a.csv", f"user_id,item_id,ts\n1,2,100\n1,3,{value}\n")
+    with pytest.raises(
+        DataError, match=rf"a\.csv: column 'ts' has '{value}' in data row 2, which is not a time"
+    ):
+        read_interactions(path, "csv", ColumnMap(timestamp="ts"))
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "pattern"),
+    [
+        ("iid", [[1, 2], [3]], r"column 'iid' holds List\(Int64\) values, which cannot be ids"),
+        ("iid", [{"a": 1}, {"a": 2}], r"column 'iid' holds Struct.* values, which cannot be ids"),
+        ("ts", [[1], [2]], r"column 'ts' holds List\(Int64\) values, which cannot be timestamps"),
+        ("ts", [True, False], r"column 'ts' holds Boolean values, which cannot be timestamps"),
+        ("r", [[1.0], [2.0]], r"column 'r' holds List\(Float64\) values, which cannot be ratings"),
+    ],
+)
+def test_a_parquet_column_of_the_wrong_type_is_named(
+    tmp_path: Path, column: str, values: list[object], pattern: str
+) -> None:
+    frame = pl.DataFrame({"uid": [1, 1], "iid": [5, 6], "ts": [1, 2], "r": [4.0, 5.0]})
+    frame.with_columns(pl.Series(column, values)).write_parquet(tmp_path / "log.parquet")
+    with pytest.raises(DataError, match=rf"log\.parquet: {pattern}"):
+        read_interactions(tmp_path / "log.parquet", "auto", ColumnMap("uid", "iid", "ts", "r"))
+
+
+def test_a_parquet_nan_timestamp_or_rating_names_its_row(tmp_path: Path) -> None:
+    frame = pl.DataFrame({"uid": [1, 1], "iid": [5, 6], "ts": [1.0, 2.0], "r": [4.0, 5.0]})
+    nan = float("nan")
+    frame.with_columns(ts=pl.Series([1.0, nan])).write_parquet(tmp_path / "t.parquet")
+    frame.with_columns(r=pl.Series([nan, 5.0])).write_parquet(tmp_path / "r.parquet")
+    columns = ColumnMap("uid", "iid", "ts", "r")
+    with pytest.raises(DataError, match=r"column 'ts' has nan in data row 2, which is not a"):
+        read_interactions(tmp_path / "t.parquet", "auto", columns)
+    with pytest.raises(DataError, match=r"column 'r' has nan in data row 1, which is not a nu"):
+        read_interactions(tmp_path / "r.parquet", "auto", columns)
+
+
+def test_an_empty_timestamp_or_rating_says_what_to_do(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", "user_id,item_id,ts,r\nu1,a,1,5\nu1,b,,\n")
+    with pytest.raises(
+        DataError,
+        match=r"column 'ts' is empty in data row 2; drop or fill the rows without a timestamp, "
+        r"or set data\.timestamp_column: null",
+    ):
+        read_interactions(path, "csv", ColumnMap(timestamp="ts"))
+    with pytest.raises(
+        DataError,
+        match=r"column 'r' is empty in data row 2; drop or fill the rows without a rating, "
+        r"or set data\.rating_column: null",
+    ):
+        read_interactions(path, "csv", ColumnMap(rating="r"))
+
+
+def test_a_headerless_csv_is_told_to_add_a_header(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", "user_77,SKU 0,1700282575,2\nuser_77,SKU 1,1700282599,4\n")
+    with pytest.raises(DataError) as raised:
+        read_interactions(path)
+    message = str(raised.value)
+    assert "has columns 'user_77', 'SKU 0', '1700282575', '2'" in message
+    assert "the first line looks like data: the file needs a header row naming its columns" in (
+        message
+    )
+    assert "set data.user_column" not in message  # that advice would drop the first row
+    assert "\n" not in message
+
+
+def test_a_header_of_non_numbers_that_repeats_as_data_looks_like_data(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", "alice,apple\nbob,pear\nalice,plum\n")
+    with pytest.raises(DataError, match=r"the first line looks like data"):
+        read_interactions(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "separator", "shown"),
+    [("a.csv", ";", "';'"), ("a.csv", "|", "'|'"), ("a.csv", "\t", "a tab"), ("a.tsv", ",", "','")],
+)
+def test_a_table_with_another_delimiter_is_told_so(
+    tmp_path: Path, name: str, separator: str, shown: str
+) -> None:
+    path = write(tmp_path / name, f"user_id{separator}item_id\nu1{separator}i1\n")
+    with pytest.raises(
+        DataError,
+        match=rf"the file's delimiter may be {shown}: csv files are comma-separated, tsv files "
+        r"tab-separated$",
+    ):
+        read_interactions(path)

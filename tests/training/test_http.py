@@ -104,6 +104,10 @@ def test_batch_answers_each_history_and_reports_bad_ones(
         ({"history": [1.5]}, "history"),
         ({"history": ["1"], "k": 0}, "k"),
         ({"history": ["1"], "k": "ten"}, "k"),
+        ({"history": ["1"], "k": True}, "k"),
+        ({"history": ["1"], "k": "5"}, "k"),
+        ({"history": ["1"], "k": 5.5}, "k"),
+        ({"history": ["1"], "exclude_seen": "no"}, "exclude_seen"),
         ({"history": ["1"], "colour": "red"}, "colour"),
         ({}, "history"),
     ],
@@ -236,7 +240,10 @@ def test_settings_of_one_request_do_not_leak_into_concurrent_ones(recrec_run: Pa
     assert later[1]["scores"] == pytest.approx(expected[0, False].scores, abs=1e-5)
 
 
-def test_seqrec_serve_listens_answers_and_stops_on_sigint(tiny_run: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_seqrec_serve_listens_answers_and_stops_on_sigint_or_sigterm(
+    tiny_run: Path, signum: int
+) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "seqrec.cli", "serve", str(tiny_run), "--port", "0"],
         stderr=subprocess.PIPE,
@@ -262,8 +269,8 @@ def test_seqrec_serve_listens_answers_and_stops_on_sigint(tiny_run: Path) -> Non
                 time.sleep(0.1)
         assert status == 200
         assert body["model"] == "sasrec"
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        process.send_signal(signum)
+        assert process.wait(timeout=30) == 0  # a clean shutdown either way
     finally:
         if process.poll() is None:
             process.kill()

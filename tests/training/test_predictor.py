@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from seqrec.serving.predictor import Predictor, Recommendation
+from tests.cli.helpers import tiny_raw, train_isolated
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +122,22 @@ def test_unknown_ids_are_reported_per_history(predictor: Predictor, items: list[
 def test_k_must_be_positive(predictor: Predictor, items: list[str]) -> None:
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):
         predictor.recommend([items[:3]], k=0)
+
+
+def test_a_history_given_as_a_string_is_refused(predictor: Predictor, items: list[str]) -> None:
+    """Its characters would otherwise be read as item ids, one history per character."""
+    with pytest.raises(TypeError, match="not strings"):
+        predictor.recommend([items[0]], k=3)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="a list of histories"):
+        predictor.recommend(f"{items[0]} {items[1]}", k=3)
+
+
+def test_a_model_of_training_users_cannot_rank_a_history(tmp_path: Path) -> None:
+    run = train_isolated(
+        tiny_raw(model={"name": "bpr", "hidden_size": 8}, train={"max_epochs": 1}),
+        tmp_path / "run",
+        tmp_path / "cache",
+    )
+    predictor = Predictor.from_run_dir(run)
+    with pytest.raises(ValueError, match="bpr scores each training user by the embedding"):
+        predictor.recommend([list(predictor.id_map.items[:2])], k=3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -110,7 +111,47 @@ def test_sigkill_leaves_a_loadable_checkpoint_of_a_completed_epoch(
 
     # Not finished: there are no final weights to evaluate, and the CLI says so.
     assert main(["evaluate", str(killed_run.run_dir)]) == 2
-    assert "model.pt is missing" in one_error_line(capsys.readouterr().err)
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{killed_run.run_dir} has not finished training (no model.pt yet" in line
+    assert f"seqrec train --out {killed_run.run_dir} --resume finishes it" in line
+
+
+@pytest.mark.parametrize(
+    ("signum", "status", "word"),
+    [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")],
+)
+def test_sigterm_and_ctrl_c_stop_training_with_a_line_saying_how_to_resume(
+    tmp_path: Path, signum: int, status: int, word: str
+) -> None:
+    """What a scheduler's stop or Ctrl-C leaves: one line, the shell's status for the
+    signal, and a run that resumes."""
+    config = write_yaml(tmp_path / "c.yaml", KILL_RAW)
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [str(SEQREC), "train", "--config", str(config), "--out", str(run_dir)],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while completed_epochs(run_dir) < 1:
+            assert process.poll() is None, process.stderr
+            assert time.monotonic() < deadline, "no epoch completed in 120 s"
+            time.sleep(0.002)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == status
+    assert stderr.splitlines()[-1] == f"{word}; a training run resumes with --resume"
+    assert "Traceback" not in stderr
+    assert not temp_files(run_dir)
+    done = run_seqrec("train", "--config", config, "--out", run_dir, "--resume")
+    assert done.returncode == 0, done.stderr
 
 
 def test_resume_after_sigkill_equals_an_uninterrupted_run(

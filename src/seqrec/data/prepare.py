@@ -37,7 +37,7 @@ from seqrec.io import atomic_folder
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # bump when the pipeline's output changes for the same inputs
+CACHE_VERSION = 2  # bump when the pipeline's output changes for the same inputs
 _SYNTHETIC_FIELDS = ("synthetic_users", "synthetic_items", "synthetic_seed")
 _ANNOUNCED_HASH_BYTES = 1 << 30  # hashing a source this large takes about a second
 

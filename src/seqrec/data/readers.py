@@ -8,7 +8,9 @@ Formats (``DataConfig.format``):
   ``ratings.dat``, Latin-1) or by a tab (ML-100K ``u.data``); the separator is taken from
   the first line.
 * ``pairs``: ``user item`` per line (SASRec / BERT4Rec ``*.txt``), whitespace separated.
-* ``sequences``: ``user item item ...`` per line (S3-Rec ``*.txt``), oldest item first.
+* ``sequences``: ``user item item ...`` per line (S3-Rec ``*.txt``), oldest item first; one
+  line per user (a user on two lines is an error: the file is most likely one interaction per
+  line, which is read as a csv/tsv table).
 
 A trailing ``.gz`` is decompressed transparently. A directory is read as the shards of one
 log (what Spark or a daily export writes): every file under it, in sub-directories too, in the
@@ -26,7 +28,11 @@ one-item ``sequences`` line *is* a pair, so the two readings agree whenever the 
 be fooled); anything else is an error that asks for ``data.format``.
 
 User and item ids stay strings (``Utf8``): files disagree on whether ids are numbers.
-Timestamps become Int64 (integer seconds, or ISO date-times converted to epoch seconds).
+Timestamps become Int64: integers are kept as they are (seconds, or milliseconds as some logs
+write them), fractional seconds are truncated and ISO date-times converted to epoch seconds.
+Rows keep the file order, except when a timestamp has a fraction of a second: the rows are then
+stably sorted by the precise time before it is truncated, so that the pipeline's stable sort by
+(user, second) keeps the order of events within one second.
 Text formats are split with Polars string kernels, not per-token Python.
 """
 
@@ -53,6 +59,7 @@ ReadFormat = Literal["csv", "tsv", "parquet", "movielens", "pairs", "sequences"]
 _LINE = "line"
 _LINE_NO = "line_no"
 _TOKENS = "tokens"
+_PRECISE_TIMESTAMP = "_precise_timestamp"  # Float64 epoch seconds, until read_interactions ends
 _SNIFF_LINES = 1000
 
 
@@ -83,7 +90,13 @@ def read_interactions(
     module docstring)."""
     path = Path(path)
     if path.is_dir():
-        return _read_shards(path, format, columns)
+        df = _read_shards(path, format, columns)
+    else:
+        df = _read_single_file(path, format, columns)
+    return _in_precise_time_order(df)
+
+
+def _read_single_file(path: Path, format: FileFormat, columns: ColumnMap | None) -> pl.DataFrame:
     fmt = detect_format(path) if format == "auto" else format
     try:
         df = _read_file(path, fmt, columns)
@@ -97,6 +110,17 @@ def read_interactions(
         ) from None
     logger.info("read %s (%s): %d interactions", path, fmt, df.height)
     return df
+
+
+def _in_precise_time_order(df: pl.DataFrame) -> pl.DataFrame:
+    """Without the precise time column; its rows stably sorted by it first when a timestamp
+    has a fraction of a second, which the Int64 seconds drop."""
+    if _PRECISE_TIMESTAMP not in df.columns:
+        return df
+    precise = pl.col(_PRECISE_TIMESTAMP)
+    if df.select((precise != precise.floor()).any()).item():
+        df = df.sort(_PRECISE_TIMESTAMP, maintain_order=True)
+    return df.drop(_PRECISE_TIMESTAMP)
 
 
 def _read_file(path: Path, fmt: ReadFormat, columns: ColumnMap | None) -> pl.DataFrame:
@@ -140,7 +164,7 @@ def _read_shards(folder: Path, format: FileFormat, columns: ColumnMap | None) ->
         if _holds_no_rows(shard, fmt):  # an empty partition, a day without interactions
             logger.info("skipped empty shard %s", shard)
             continue
-        frames.append(read_interactions(shard, fmt, columns))
+        frames.append(_read_single_file(shard, fmt, columns))
     if not frames:
         raise DataError(f"every shard of {folder} is empty")
     df = pl.concat(frames, how="vertical")
@@ -266,10 +290,34 @@ def read_sequences(path: str | Path) -> pl.DataFrame:
     _malformed(
         path, df, pl.col(_TOKENS).list.len() < 2, "`user item [item ...]` (a user and >= 1 item)"
     )
+    _refuse_repeated_users(path, df)
     return df.select(
         pl.col(_TOKENS).list.get(0).alias(USER_ID),
         pl.col(_TOKENS).list.slice(1).alias(ITEM_ID),
     ).explode(ITEM_ID)
+
+
+def _refuse_repeated_users(path: Path, df: pl.DataFrame) -> None:
+    """A user on two lines of a sequences file: most likely a log of one interaction per line
+    (``user item timestamp`` sniffs as sequences), whose timestamps would be read as items."""
+    users = df.select(_LINE_NO, pl.col(_TOKENS).list.first().alias(USER_ID))
+    repeats = users.filter(~pl.col(USER_ID).is_first_distinct()).head(1)
+    if repeats.height == 0:
+        return
+    second_line, user = repeats.row(0)
+    first_line = users.filter(pl.col(USER_ID) == user)[_LINE_NO][0]
+    if (df[_TOKENS].list.len() == 2).all():
+        advice = "a file of one interaction per line (`user item`) is read with data.format: pairs"
+    else:
+        advice = (
+            "a file of one interaction per line (`user item [timestamp]`) is read as a table: "
+            "convert it to a csv file with a header row, e.g. `user_id,item_id,timestamp`, "
+            "and set data.timestamp_column: timestamp"
+        )
+    raise DataError(
+        f"{path}: user {user!r} is on lines {first_line} and {second_line}, but a sequences "
+        f"file (`user item item ...`) holds one line per user; {advice}"
+    )
 
 
 def read_movielens(path: str | Path) -> pl.DataFrame:
@@ -295,7 +343,9 @@ def read_movielens(path: str | Path) -> pl.DataFrame:
 
 
 def read_table(path: str | Path, fmt: ReadFormat, columns: ColumnMap) -> pl.DataFrame:
-    """A csv/tsv/parquet table with a header, renamed to the canonical columns."""
+    """A csv/tsv/parquet table with a header, renamed to the canonical columns; with a
+    timestamp, also the precise time (a private column that ``read_interactions`` orders the
+    rows by and drops)."""
     path = Path(path)
     wanted = {
         USER_ID: columns.user,
@@ -307,10 +357,11 @@ def read_table(path: str | Path, fmt: ReadFormat, columns: ColumnMap) -> pl.Data
     df = _load_parquet(path, needed) if fmt == "parquet" else _load_delimited(path, fmt == "csv")
     missing = [name for name in wanted.values() if name is not None and name not in df.columns]
     if missing:
+        advice = "" if fmt == "parquet" else _header_problem(df, fmt)
         raise DataError(
             f"{path}: no column(s) {', '.join(map(repr, missing))}; the file has columns "
-            f"{', '.join(map(repr, df.columns))}; set data.user_column / item_column / "
-            "timestamp_column / rating_column"
+            f"{', '.join(map(repr, df.columns))}; "
+            f"{advice or 'set data.user_column / item_column / timestamp_column / rating_column'}"
         )
     if df.height == 0:
         raise DataError(f"file {path} has a header but no rows")
@@ -322,6 +373,32 @@ def read_table(path: str | Path, fmt: ReadFormat, columns: ColumnMap) -> pl.Data
     if columns.rating is not None:
         out = out.with_columns(_to_float(path, out[RATING], columns.rating))
     return out
+
+
+def _header_problem(df: pl.DataFrame, fmt: ReadFormat) -> str:
+    """Why a csv/tsv header may lack the mapped columns: another delimiter, or no header (then
+    mapping the columns to its fields would drop the first data row); "" when neither shows."""
+    if df.width == 1:
+        own = "," if fmt == "csv" else "\t"
+        others = [sep for sep in (";", "|", "\t", ",") if sep != own and sep in df.columns[0]]
+        if others:
+            shown = "a tab" if others[0] == "\t" else repr(others[0])
+            return (
+                f"the file's delimiter may be {shown}: csv files are comma-separated, tsv files "
+                "tab-separated"
+            )
+    if _looks_like_data(df):
+        return "the first line looks like data: the file needs a header row naming its columns"
+    return ""
+
+
+def _looks_like_data(df: pl.DataFrame, rows: int = 1000) -> bool:
+    """A header field that is a number, or that recurs as a value of its column."""
+    header = pl.Series(df.columns)
+    if header.cast(pl.Float64, strict=False).is_not_null().any():
+        return True
+    head = df.head(rows)
+    return any(name in head[name].to_list() for name in df.columns)
 
 
 def _load_parquet(path: Path, needed: list[str]) -> pl.DataFrame:
@@ -418,39 +495,69 @@ def _unclosed_quote(path: Path, line: int, until: int | None) -> DataError:
 
 
 def _to_id(path: Path, values: pl.Series, column: str) -> pl.Series:
-    if values.null_count():
-        row = int(values.is_null().arg_true()[0])
-        raise DataError(f"{path}: column {column!r} is empty in data row {row + 1}")
-    return values.cast(pl.String)
+    _refuse_empty(path, values, column, "drop those rows or fill them in")
+    if values.dtype.is_nested():  # a cast to String would raise, or print a struct as "{1}"
+        raise _wrong_type(path, values, column, "ids")
+    try:
+        return values.cast(pl.String)
+    except pl.exceptions.PolarsError:
+        raise _wrong_type(path, values, column, "ids") from None
 
 
-def _to_epoch_seconds(path: Path, values: pl.Series, column: str) -> pl.Series:
-    """Integer seconds, whole floats, ISO dates/date-times or Datetime columns -> Int64."""
+def _to_epoch_seconds(path: Path, values: pl.Series, column: str) -> list[pl.Series]:
+    """Integers (kept as they are), float seconds, ISO dates/date-times or temporal columns
+    -> [whole seconds (Int64), precise time (Float64 seconds)]."""
+    _refuse_empty(
+        path,
+        values,
+        column,
+        "drop or fill the rows without a timestamp, or set data.timestamp_column: null to keep "
+        "the file order",
+    )
     if values.dtype.is_temporal():
-        out = values.dt.epoch("s")
+        try:
+            micros = values.dt.epoch("us")
+        except pl.exceptions.PolarsError:  # a time of day or a duration
+            raise _wrong_type(path, values, column, "timestamps") from None
+        seconds, precise = micros // 1_000_000, micros / 1_000_000
     elif values.dtype.is_numeric():
-        out = values.cast(pl.Int64, strict=False)
-    else:  # strings: integer seconds, else float seconds, else an ISO date-time
-        out = values.cast(pl.Int64, strict=False)
-        if out.null_count() > values.null_count():
-            out = out.fill_null(values.cast(pl.Float64, strict=False).cast(pl.Int64))
-        if out.null_count() > values.null_count():
-            out = out.fill_null(_parse_datetimes(values))
-    bad = out.is_null() & values.is_not_null()
-    if bad.any():
-        example = values.filter(bad)[0]
+        seconds = values.cast(pl.Int64, strict=False)  # NaN, inf and overflow -> null
+        precise = values.cast(pl.Float64)
+    elif values.dtype == pl.String:
+        seconds, precise = _parse_timestamps(values)
+    else:
+        raise _wrong_type(path, values, column, "timestamps")
+    if seconds.null_count():
+        row = int(seconds.is_null().arg_true()[0])
         raise DataError(
-            f"{path}: column {column!r} has {example!r}, which is not a timestamp "
-            "(expected integer seconds or an ISO date-time)"
+            f"{path}: column {column!r} has {values[row]!r} in data row {row + 1}, which is not "
+            "a timestamp (expected epoch seconds or an ISO date-time)"
         )
-    if values.null_count():
-        row = int(values.is_null().arg_true()[0])
-        raise DataError(f"{path}: column {column!r} is empty in data row {row + 1}")
-    return out.alias(TIMESTAMP)
+    return [seconds.alias(TIMESTAMP), precise.alias(_PRECISE_TIMESTAMP)]
+
+
+def _parse_timestamps(values: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """Strings, each integer seconds, else float seconds, else an ISO date-time -> (whole
+    seconds, precise seconds); null where none fits."""
+    integers = values.cast(pl.Int64, strict=False)
+    floats = values.cast(pl.Float64, strict=False)
+    floats = pl.select(pl.when(floats.is_finite()).then(floats)).to_series()  # not NaN, inf
+    micros = pl.Series(values.name, [None] * len(values), dtype=pl.Int64)
+    undated = integers.is_null() & floats.is_null()
+    if undated.any():
+        micros = micros.scatter(undated.arg_true(), _parse_datetimes(values.filter(undated)))
+    seconds = pl.select(
+        pl.coalesce(integers, floats.cast(pl.Int64, strict=False), micros // 1_000_000)
+    ).to_series()
+    precise = pl.select(
+        pl.coalesce(integers.cast(pl.Float64), floats, micros / 1_000_000)
+    ).to_series()
+    return seconds, precise
 
 
 def _parse_datetimes(values: pl.Series, formats: int = 8) -> pl.Series:
-    """ISO dates / date-times -> epoch seconds (naive ones as UTC); null where unparseable.
+    """ISO dates / date-times -> epoch microseconds (naive ones as UTC); null where
+    unparseable.
 
     Polars infers one format from a column's first value and leaves the values of any
     other null: the values left are parsed again, each time in the format of the first of
@@ -461,7 +568,7 @@ def _parse_datetimes(values: pl.Series, formats: int = 8) -> pl.Series:
         if not left.any():
             break
         try:
-            parsed = values.filter(left).str.to_datetime(strict=False).dt.epoch("s")
+            parsed = values.filter(left).str.to_datetime(strict=False).dt.epoch("us")
         except pl.exceptions.PolarsError:  # no format could be inferred from the first
             break
         if parsed.null_count() == len(parsed):
@@ -471,11 +578,33 @@ def _parse_datetimes(values: pl.Series, formats: int = 8) -> pl.Series:
 
 
 def _to_float(path: Path, values: pl.Series, column: str) -> pl.Series:
+    _refuse_empty(
+        path,
+        values,
+        column,
+        "drop or fill the rows without a rating, or set data.rating_column: null (and "
+        "data.min_rating: null) to count every interaction",
+    )
+    if not (values.dtype.is_numeric() or values.dtype == pl.String):
+        raise _wrong_type(path, values, column, "ratings")
     out = values.cast(pl.Float64, strict=False)
-    if out.null_count():
-        row = int(out.is_null().arg_true()[0])
+    bad = out.is_null() | out.is_nan()
+    if bad.any():
+        row = int(bad.arg_true()[0])
         raise DataError(
             f"{path}: column {column!r} has {values[row]!r} in data row {row + 1}, "
             "which is not a number"
         )
     return out.alias(RATING)
+
+
+def _refuse_empty(path: Path, values: pl.Series, column: str, advice: str) -> None:
+    if values.null_count():
+        row = int(values.is_null().arg_true()[0])
+        raise DataError(f"{path}: column {column!r} is empty in data row {row + 1}; {advice}")
+
+
+def _wrong_type(path: Path, values: pl.Series, column: str, wanted: str) -> DataError:
+    return DataError(
+        f"{path}: column {column!r} holds {values.dtype} values, which cannot be {wanted}"
+    )

@@ -42,12 +42,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqrec.config import ConfigError
-from seqrec.serving.predictor import Predictor, Recommendation
+from seqrec.serving.predictor import Predictor, Recommendation, check_serves_histories
 from seqrec.serving.sessions import SessionStore, supports_sessions
 
 logger = logging.getLogger(__name__)
@@ -67,8 +67,9 @@ Setting = StrictInt | float | StrictStr | bool | None
 class _Ranking(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    k: Annotated[int, Field(ge=1, le=MAX_K)] = 10
-    exclude_seen: bool = True
+    # Strict: JSON's true is not k = 1, nor "no" a false exclude_seen.
+    k: Annotated[StrictInt, Field(ge=1, le=MAX_K)] = 10
+    exclude_seen: StrictBool = True
 
 
 class _Request(_Ranking):
@@ -123,8 +124,7 @@ def create_app(
     """The app serving ``predictor``, with at most ``max_sessions`` sessions held when the
     model has a recurrent state; raises ``ValueError`` for a model that cannot serve
     histories (one that needs user ids)."""
-    if predictor.model.uses_users:
-        raise ValueError("this model needs user ids (a user embedding); it cannot serve histories")
+    check_serves_histories(predictor.model)
     app = FastAPI(title="seqrec", summary="next-item recommendations from a trained run")
     app.router.route_class = _StrictJsonRoute
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)

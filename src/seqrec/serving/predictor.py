@@ -35,6 +35,18 @@ class Recommendation:
     error: str | None = None  # set when nothing could be recommended (e.g. empty history)
 
 
+def check_serves_histories(model: SequentialRecommender) -> None:
+    """Refuse a model that scores training users by their learned embedding: it has nothing
+    for a history it was not trained on."""
+    if model.uses_users:
+        raise ValueError(
+            f"{model.config.name} scores each training user by the embedding it learned for "
+            "them (a user embedding), so it cannot rank a given history: evaluate it with "
+            "seqrec evaluate, and recommend or serve with a model without one (sasrec, "
+            "gru4rec, mamba4rec, ...; for sasrec and caser: model.user_embedding: false)"
+        )
+
+
 class Predictor:
     """Loads a model once and answers batches of histories; safe to call from several threads
     (one call runs at a time)."""
@@ -102,9 +114,12 @@ class Predictor:
         the model for this call only (``{"depth": 2}`` for RecRec).
         """
         check_k(k)
-        if self.model.uses_users:
-            raise ValueError(
-                "this model needs user ids (a user embedding); it cannot serve histories"
+        check_serves_histories(self.model)
+        if isinstance(histories, str) or any(isinstance(h, str) for h in histories):
+            raise TypeError(
+                "histories must be a list of histories, each a list of item ids "
+                '(recommend([["1193", "661"]])), not strings, whose characters would be read '
+                "as item ids"
             )
         config = with_inference_settings(self._config, settings or {})  # ConfigError
         known, unknown = self._encode(histories)

@@ -127,6 +127,16 @@ def read_id_map(run_dir: Path, model: ModelConfig) -> IdMap:
     return id_map
 
 
+def _interrupted(run_dir: Path) -> bool:
+    """Whether the run's checkpoint is of a training that has not finished."""
+    if not (run_dir / STATE).is_file():
+        return False
+    try:
+        return not load_torch(run_dir / STATE)["state"]["finished"]
+    except (RunDirError, KeyError, TypeError):
+        return False  # a damaged checkpoint: the missing weights are the error to report
+
+
 def load_run(
     run_dir: str | Path, weights: str = WEIGHTS, settings: Mapping[str, Any] | None = None
 ) -> LoadedRun:
@@ -146,6 +156,11 @@ def load_run(
         raise RunDirError(f"{run_dir / CONFIG}: {err}") from None
     model_config = with_inference_settings(model_config, settings or {})
     model = build_model(model_config)
+    if not (run_dir / weights).exists() and _interrupted(run_dir):
+        raise RunDirError(
+            f"{run_dir} has not finished training (no {weights} yet, a checkpoint from an "
+            f"interrupted run): seqrec train --out {run_dir} --resume finishes it"
+        )
     state = load_torch(run_dir / weights)
     try:
         model.load_state_dict(state)

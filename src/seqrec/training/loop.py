@@ -28,6 +28,7 @@ from tqdm import tqdm
 from seqrec.batch import ModelOutput, SeqBatch
 from seqrec.config import ConfigError, ExperimentConfig, TrainConfig
 from seqrec.data.batches import TrainBatches
+from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import evaluate_model
 from seqrec.metrics import METRICS
@@ -115,6 +116,18 @@ def check_trainer_config(
             "over the data): train it in one process"
         )
     check_data_parallel(model.config, world_size)
+
+
+def _nothing_to_train_on(config: ExperimentConfig) -> str:
+    held_out = (
+        "leave_one_out holds out each user's last 2 items, so a user needs 4 or more to train on"
+        if config.data.split == "leave_one_out"
+        else f"the {config.data.split} split left none that long"
+    )
+    return (
+        "nothing to train on: no training sequence has 2 items (a target and an item before "
+        f"it); {held_out}"
+    )
 
 
 def check_data_parallel(model: ModelConfig, world_size: int) -> None:
@@ -369,6 +382,8 @@ class Trainer:
             world_size=group.world_size,
             rows_on_every_rank=model.config.loss_gathers_rows,
         )
+        if self.batches.num_targets == 0:
+            raise DataError(_nothing_to_train_on(config))
         self.state = TrainingState()
         self.best_weights: dict[str, torch.Tensor] = copy.deepcopy(model.state_dict())
 
