@@ -25,9 +25,7 @@ from seqrec import __version__
 from seqrec.config import ConfigError, experiment_from_raw, load_raw, set_dotted
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_write_text, written_in_place
-from seqrec.metrics import METRICS
-from seqrec.training.checkpoint import RunDirError
-from seqrec.training.distributed import launched_rank
+from seqrec.training.launch import launched_rank
 
 if TYPE_CHECKING:
     from seqrec.evaluation import EvalResult
@@ -43,7 +41,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _metric_table(metrics: dict[str, float], ci95: dict[str, float], ks: Sequence[int]) -> str:
-    names = tuple(METRICS)
+    names = tuple(dict.fromkeys(name.split("@")[0] for name in metrics))  # HR, NDCG, ...
     header = f"{'K':>4}  " + "  ".join(f"{n:>17}" for n in names)
     lines = [header]
     for k in ks:
@@ -821,7 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_STDOUT_CLOSED
-    except (ConfigError, DataError, RunDirError, ValueError, KeyError, OSError) as err:
+    except (ConfigError, DataError, ValueError, KeyError, OSError) as err:  # RunDirError too
         return _report(err)
     except KeyboardInterrupt as err:
         how = "terminated" if isinstance(err, _Terminated) else "interrupted"

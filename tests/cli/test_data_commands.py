@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
+from seqrec import __version__
 from seqrec.cli import main
 from seqrec.data.synthetic import generate
 from tests.tiny import REQUIRED_DATASETS
@@ -123,3 +126,18 @@ def test_help_exits_zero(command: list[str], capsys: pytest.CaptureFixture[str])
         main([*command, "--help"])
     out = capsys.readouterr().out
     assert out.startswith(f"usage: seqrec {' '.join(command)}".rstrip())
+
+
+def test_help_version_and_data_list_do_not_import_torch() -> None:
+    """They answer in a fraction of a second; importing torch alone takes over one."""
+    code = (
+        "import sys; from seqrec.cli import main\n"
+        "for argv in (['data', 'list'], ['--version']):\n"
+        "    try: main(argv)\n"
+        "    except SystemExit: pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("name ")
+    assert f"seqrec {__version__}" in done.stdout

@@ -32,12 +32,8 @@ from seqrec.models.base import build_model, build_model_config
 from seqrec.models.sasrec import SASRecConfig
 from seqrec.tokenizers import SemanticIds
 from seqrec.training.checkpoint import load_run
-from seqrec.training.distributed import (
-    SINGLE_PROCESS,
-    DataParallel,
-    data_parallel,
-    launched_rank,
-)
+from seqrec.training.distributed import SINGLE_PROCESS, DataParallel, data_parallel
+from seqrec.training.launch import launched_rank
 from seqrec.training.loop import check_data_parallel, check_trainer_config, epoch_randomness
 from seqrec.training.run import data_for_run
 from seqrec.training.semantic_ids import SEMANTIC_IDS

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from seqrec.config import ConfigError
 from seqrec.data.schema import DataError
 from seqrec.evaluation import EvalShare
+from seqrec.training.launch import launched_rank, launched_world_size
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +62,6 @@ T = TypeVar("T")
 # Gradient elements per flattened all-reduce: enough to amortise a collective's latency
 # over many small tensors. A tensor this large or larger is reduced in place, on its own.
 BUCKET_ELEMENTS = 1 << 22
-
-
-def launched_rank() -> int:
-    """This process's rank as torchrun set it (0 when not launched by torchrun)."""
-    return int(os.environ.get("RANK", "0")) if launched_world_size() > 1 else 0
-
-
-def launched_world_size() -> int:
-    """How many processes torchrun launched (1 when not launched by torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass(frozen=True)
