@@ -137,8 +137,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_output("--out", out, folder=True)
     if args.config is None and args.resume:
         config = config_for_resume(out, args.set or [])
-    elif args.config is None:
-        raise ConfigError("train needs --config FILE (or --resume of an existing --out)")
+    elif args.config is None and not args.set:  # not a bare `seqrec train --out x` by mistake
+        raise ConfigError(
+            "train needs --config FILE, or --set section.key=value settings (every other key "
+            "keeps its default), or --resume of an existing --out"
+        )
     else:
         config = experiment_from_raw(load_raw(args.config, args.set or []))
     outcome = train_experiment(config, out, data_dir=args.data_dir, resume=args.resume)

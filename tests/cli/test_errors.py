@@ -641,3 +641,21 @@ def test_compare_with_a_directory_says_so(
     ranks.write_text("user_id,target,rank\nu1,i1,1\n")
     line = error_of(capsys, "compare", ranks, tmp_path)
     assert line == f"error: {tmp_path} is a directory, not a rank file"
+
+
+def test_train_takes_set_settings_without_a_config_but_not_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = error_of(capsys, "train", "--out", tmp_path / "bare")
+    assert "train needs --config FILE, or --set section.key=value settings" in line
+    assert not (tmp_path / "bare").exists()
+    raw = tiny_raw()
+    raw["model"] = {"name": "pop"}
+    sets = [
+        f"{section}.{key}={json.dumps(value)}"
+        for section, values in raw.items()
+        for key, value in values.items()
+    ]
+    args = [arg for setting in sets for arg in ("--set", setting)]
+    assert main(["train", "--out", str(tmp_path / "run"), *args]) == 0
+    assert "trained pop: " in capsys.readouterr().out
