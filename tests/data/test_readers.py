@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 from pathlib import Path
 
 import polars as pl
@@ -345,6 +346,18 @@ def test_txt_shards_sniffed_as_pairs_and_sequences_are_read_as_sequences(tmp_pat
     ]
 
 
+def test_a_user_in_two_sequences_shards_is_refused(tmp_path: Path) -> None:
+    write(tmp_path / "log" / "part-0.txt", "u1 a b c\nu2 b c\n")
+    write(tmp_path / "log" / "part-1.txt", "u3 a b\nu2 c a\n")
+    with pytest.raises(
+        DataError, match=r"user 'u2' is in two shards of .*log \(part-0\.txt and part-1\.txt\)"
+    ):
+        read_interactions(tmp_path / "log")
+    write(tmp_path / "pairs" / "part-0.txt", "u1 a\nu2 b\n")  # pairs: a user on many lines
+    write(tmp_path / "pairs" / "part-1.txt", "u1 b\nu2 c\n")
+    assert read_interactions(tmp_path / "pairs").height == 4
+
+
 def test_a_sniffed_user_item_timestamp_log_is_refused_as_sequences(tmp_path: Path) -> None:
     """One interaction per line with a timestamp has 3 tokens, so it sniffs as sequences:
     the timestamps would become items and each user's lines would be glued together."""
@@ -504,3 +517,16 @@ def test_a_table_with_another_delimiter_is_told_so(
         r"tab-separated$",
     ):
         read_interactions(path)
+
+
+def test_ids_with_surrounding_spaces_are_kept_and_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path / "log.csv", 'user_id,item_id\nu1,a\n"u1 ",b\nu2,a\n')
+    with caplog.at_level(logging.WARNING):
+        df = read_interactions(path)
+    assert df["user_id"].to_list() == ["u1", "u1 ", "u2"]
+    assert "1 ids in column 'user_id' have leading or trailing spaces (e.g. 'u1 ')" in caplog.text
+    caplog.clear()
+    read_interactions(write(tmp_path / "clean.csv", "user_id,item_id\nu1,a\nu2,b\n"))
+    assert "spaces" not in caplog.text

@@ -159,17 +159,41 @@ def _read_shards(folder: Path, format: FileFormat, columns: ColumnMap | None) ->
         found = ", ".join(f"{shard.relative_to(folder)}: {fmt}" for shard, fmt in formats.items())
         raise DataError(f"the shards of {folder} have different formats ({found})")
     (fmt,) = kinds
-    frames = []
+    frames, read = [], []
     for shard in shards:
         if _holds_no_rows(shard, fmt):  # an empty partition, a day without interactions
             logger.info("skipped empty shard %s", shard)
             continue
         frames.append(_read_single_file(shard, fmt, columns))
+        read.append(shard)
     if not frames:
         raise DataError(f"every shard of {folder} is empty")
+    if fmt == "sequences":
+        _refuse_users_in_two_shards(folder, read, frames)
     df = pl.concat(frames, how="vertical")
     logger.info("read %s: %d shards, %d interactions", folder, len(frames), df.height)
     return df
+
+
+def _refuse_users_in_two_shards(
+    folder: Path, shards: list[Path], frames: list[pl.DataFrame]
+) -> None:
+    """A sequences line is a user's whole history, so a user in two shards would be two
+    histories joined in the order of the shards' paths."""
+    owners = pl.concat(
+        frame.select(USER_ID).unique().with_columns(shard=pl.lit(index))
+        for index, frame in enumerate(frames)
+    )
+    shared = owners.filter(pl.col(USER_ID).is_duplicated()).sort("shard")
+    if shared.height == 0:
+        return
+    user = shared[USER_ID][0]
+    first, second = shared.filter(pl.col(USER_ID) == user)["shard"].head(2).to_list()
+    raise DataError(
+        f"user {user!r} is in two shards of {folder} ({shards[first].relative_to(folder)} and "
+        f"{shards[second].relative_to(folder)}), but a sequences line holds a user's whole "
+        "history"
+    )
 
 
 def _holds_no_rows(path: Path, fmt: ReadFormat) -> bool:
@@ -499,9 +523,27 @@ def _to_id(path: Path, values: pl.Series, column: str) -> pl.Series:
     if values.dtype.is_nested():  # a cast to String would raise, or print a struct as "{1}"
         raise _wrong_type(path, values, column, "ids")
     try:
-        return values.cast(pl.String)
+        ids = values.cast(pl.String)
     except pl.exceptions.PolarsError:
         raise _wrong_type(path, values, column, "ids") from None
+    _warn_of_padded_ids(path, ids, column)
+    return ids
+
+
+def _warn_of_padded_ids(path: Path, ids: pl.Series, column: str) -> None:
+    """Ids are kept exactly as written, so 'u1 ' and 'u1' are two users: say so."""
+    padded = ids.filter(ids != ids.str.strip_chars())
+    if len(padded):
+        logger.warning(
+            "%s: %d ids in column %r have leading or trailing spaces (e.g. %r), kept as written: "
+            "%r is another id than %r",
+            path,
+            len(padded),
+            column,
+            padded[0],
+            padded[0],
+            padded[0].strip(),
+        )
 
 
 def _to_epoch_seconds(path: Path, values: pl.Series, column: str) -> list[pl.Series]:
