@@ -530,3 +530,20 @@ def test_ids_with_surrounding_spaces_are_kept_and_warned_of(
     caplog.clear()
     read_interactions(write(tmp_path / "clean.csv", "user_id,item_id\nu1,a\nu2,b\n"))
     assert "spaces" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [("user_id item_id\nu1 a\nu1 b\n", "pairs"), ("user items\nu1 a b\nu2 b\n", "sequences")],
+)
+def test_a_header_line_of_a_whitespace_file_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, fmt: str
+) -> None:
+    path = write(tmp_path / "log.txt", text)
+    with caplog.at_level(logging.WARNING):
+        df = read_interactions(path, fmt)  # type: ignore[arg-type]
+    assert "user" not in df["user_id"].to_list()
+    assert df.height == 2 if fmt == "pairs" else df.height == 3
+    assert "skipped its first line" in caplog.text
+    users = read_interactions(write(tmp_path / "ids.txt", "user item\n"), "pairs")["user_id"]
+    assert users.to_list() == []  # only a header: no rows, not a user named "user"

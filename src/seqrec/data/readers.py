@@ -297,10 +297,28 @@ def _malformed(path: Path, df: pl.DataFrame, bad: pl.Expr, expected: str) -> Non
         raise DataError(f"{path}:{line_no}: malformed line {shown!r}; expected {expected}")
 
 
+_HEADER_WORDS = frozenset(
+    {"user", "users", "user_id", "userid", "uid", "item", "items", "item_id", "item_ids"}
+    | {"itemid", "iid", "sequence"}
+)
+
+
+def _without_header(path: Path, df: pl.DataFrame) -> pl.DataFrame:
+    """A first line of column names only (`user_id item_id`), which whitespace formats do not
+    have but exports sometimes add, is dropped with a warning instead of becoming a user."""
+    if df.height == 0:
+        return df
+    first = df[_TOKENS][0].to_list()
+    if first[0].lower() in _HEADER_WORDS and all(t.lower() in _HEADER_WORDS for t in first):
+        logger.warning("%s: skipped its first line %r, a header", path, " ".join(first))
+        return df.slice(1)
+    return df
+
+
 def read_pairs(path: str | Path) -> pl.DataFrame:
     """``user item`` per line (SASRec/BERT4Rec), file order kept."""
     path = Path(path)
-    df = _tokenize(_read_text(path), None)
+    df = _without_header(path, _tokenize(_read_text(path), None))
     _malformed(path, df, pl.col(_TOKENS).list.len() != 2, "`user item` (2 fields)")
     return df.select(
         pl.col(_TOKENS).list.get(0).alias(USER_ID), pl.col(_TOKENS).list.get(1).alias(ITEM_ID)
@@ -310,7 +328,7 @@ def read_pairs(path: str | Path) -> pl.DataFrame:
 def read_sequences(path: str | Path) -> pl.DataFrame:
     """``user item item ...`` per line (S3-Rec), one row per item, file order kept."""
     path = Path(path)
-    df = _tokenize(_read_text(path), None)
+    df = _without_header(path, _tokenize(_read_text(path), None))
     _malformed(
         path, df, pl.col(_TOKENS).list.len() < 2, "`user item [item ...]` (a user and >= 1 item)"
     )
