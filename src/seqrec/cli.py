@@ -25,7 +25,7 @@ from seqrec import __version__
 from seqrec.config import ConfigError, experiment_from_raw, load_raw, set_dotted
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_write_text, written_in_place
-from seqrec.training.launch import launched_rank
+from seqrec.training.launch import launched_rank, launched_world_size
 
 if TYPE_CHECKING:
     from seqrec.evaluation import EvalResult
@@ -286,9 +286,9 @@ def _read_histories(path: Path) -> list[list[str]]:
 
 
 def _history(line: str) -> list[str]:
-    """One line of --input: a JSON list of ids; else a CSV line (ids separated by commas,
-    quotes allowed, spaces around an id dropped) when it has a comma; else ids separated by
-    spaces (so "[UNK] i1" is two plain ids)."""
+    """One line of --input: a JSON list of ids; else a CSV line when it has a comma (ids
+    separated by commas, quotes allowed, spaces around an id dropped); else ids separated by
+    spaces, quoted where they hold one (`"item 1" item2`; so "[UNK] i1" is two plain ids)."""
     if line.lstrip().startswith("["):
         with contextlib.suppress(json.JSONDecodeError):
             ids = json.loads(line)
@@ -296,15 +296,17 @@ def _history(line: str) -> list[str]:
                 isinstance(i, (str, int)) and not isinstance(i, bool) for i in ids
             ):
                 return [str(i) for i in ids]
-    if "," in line:
-        fields = next(csv.reader([line], skipinitialspace=True))
-        return [field.strip() for field in fields if field.strip()]
+    if "," in line or '"' in line:
+        separator = "," if "," in line else " "
+        with contextlib.suppress(csv.Error):  # e.g. a field beyond csv's size limit
+            fields = next(csv.reader([line], delimiter=separator, skipinitialspace=True))
+            return [field.strip() for field in fields if field.strip()]
     return line.split()
 
 
 def _ids_text(ids: Sequence[str]) -> str:
     """Ids for a message: space-separated, or a JSON list when an id holds a space."""
-    if any(not i or len(i.split()) != 1 or i.strip() != i for i in ids):
+    if any(len(i.split()) != 1 or i.strip() != i for i in ids):
         return json.dumps(list(ids), ensure_ascii=False)
     return " ".join(ids)
 
@@ -548,7 +550,7 @@ def cmd_analyze_depth(args: argparse.Namespace) -> int:
         split=args.split,
         device=args.device,
     )
-    if launched_rank() != 0:  # under torchrun, rank 0 writes and reports for every rank
+    if report is None:  # under torchrun, rank 0 writes and reports for every rank
         return 0
     print(report.read_text())
     print(f"report: {report}")
@@ -812,7 +814,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args)
     handler: Handler = args.handler
     try:
-        with _sigterm_interrupts():
+        with _sigterm_interrupts(launched_world_size() == 1):
             return handler(args)
     except BrokenPipeError as err:
         if not _stdout_reader_gone():
@@ -826,7 +828,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(err)
     except KeyboardInterrupt as err:
         how = "terminated" if isinstance(err, _Terminated) else "interrupted"
-        print(f"{how}; a training run resumes with --resume", file=sys.stderr)
+        resume = "; a training run resumes with --resume" if args.command == "train" else ""
+        print(f"{how}{resume}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(err, _Terminated) else EXIT_INTERRUPTED
     except Exception as err:  # the last line of defence: one line, not a traceback wall
         if os.environ.get("SEQREC_DEBUG"):
@@ -843,10 +846,12 @@ class _Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
+def _sigterm_interrupts(active: bool) -> Iterator[None]:
     """While held, SIGTERM raises ``_Terminated`` (in the main thread only, where signal
-    handlers can be set; the previous handler is restored afterwards)."""
-    if threading.current_thread() is not threading.main_thread():
+    handlers can be set; the previous handler is restored afterwards). Not under torchrun:
+    a Python handler waits for the C call in progress, such as a collective whose peer has
+    died, and the agent that sent SIGTERM would wait its 30 s for nothing before SIGKILL."""
+    if not active or threading.current_thread() is not threading.main_thread():
         yield
         return
 

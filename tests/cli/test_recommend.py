@@ -139,6 +139,7 @@ def test_batch_lines_may_be_csv_lines_and_the_file_may_start_with_a_bom(
         f"{items[0]} {items[1]}",
         f'"{items[0]}", {items[1]}',  # quotes and a space after the comma
         f"{items[0]},no such item",  # a comma: the space belongs to the id
+        f'"{items[0]}" "no such"',  # no comma: quotes keep an id's spaces
     ]
     source.write_text("\n".join(lines) + "\n", encoding="utf-8-sig")
     done = run_seqrec("recommend", file_run, "--input", source, "--output", target, "-k", "3")
@@ -147,7 +148,9 @@ def test_batch_lines_may_be_csv_lines_and_the_file_may_start_with_a_bom(
     assert rows[0]["unknown"] == []  # the BOM is not part of the first id
     assert rows[1]["items"] == rows[0]["items"]
     assert rows[2]["unknown"] == ["no such item"]
-    assert "wrote 3 lines to" in done.stderr
+    assert rows[3]["unknown"] == ["no such"]
+    assert rows[3]["items"] == rows[2]["items"]
+    assert "wrote 4 lines to" in done.stderr
 
 
 def test_options_are_not_abbreviated_and_k_has_a_long_form(

@@ -64,11 +64,12 @@ def test_set_overrides_parse_values() -> None:
     set_dotted(raw, "data.timestamp_column=null")
     set_dotted(raw, 'data.user_column="2024"')  # quoted: a column named like a number
     set_dotted(raw, "data.item_column='007'")
-    set_dotted(raw, "eval.ks=(5,10)")  # a Python tuple
+    set_dotted(raw, "train.betas=(0.9,0.98)")  # a Python tuple
     config = experiment_from_raw(raw)
     assert config.train.lr == 3e-4
     assert config.train.precision == "bf16"
-    assert config.eval.ks == (5, 10)
+    assert config.eval.ks == (1, 10)
+    assert config.train.betas == (0.9, 0.98)
     assert config.data.timestamp_column is None
     assert config.data.user_column == "2024"
     assert config.data.item_column == "007"

@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from seqrec.config import DataConfig
+from seqrec.data import digests as digests_module
 from seqrec.data import prepare as prepare_module
 from seqrec.data.info import describe, format_info
 from seqrec.data.prepare import prepare
@@ -177,9 +178,24 @@ def test_a_rewrite_keeping_size_and_mtime_is_prepared_anew(tmp_path: Path) -> No
     assert len(cache_entries(cache)) == 2
 
 
+def test_an_unchanged_file_is_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_csv(tmp_path)
+    cache = tmp_path / "cache"
+    hashed: list[Path] = []
+    real = digests_module.sha256_file
+    monkeypatch.setattr(digests_module, "sha256_file", lambda p: hashed.append(p) or real(p))
+    for _ in range(3):
+        prepare(csv_config(path), cache_dir=cache)
+    assert hashed == [path]
+    os.chmod(path, 0o600)  # the status changed (ctime): hashed again, the same entry
+    prepare(csv_config(path), cache_dir=cache)
+    assert hashed == [path, path]
+    assert len(cache_entries(cache)) == 1
+
+
 def test_use_cache_false_writes_nothing(tmp_path: Path) -> None:
     prepare(csv_config(write_csv(tmp_path)), cache_dir=tmp_path / "cache", use_cache=False)
-    assert cache_entries(tmp_path / "cache") == []
+    assert not (tmp_path / "cache").exists()  # no entry, no remembered digest
 
 
 @pytest.mark.parametrize(

@@ -501,6 +501,10 @@ def test_a_header_of_non_numbers_that_repeats_as_data_looks_like_data(tmp_path: 
     path = write(tmp_path / "a.csv", "alice,apple\nbob,pear\nalice,plum\n")
     with pytest.raises(DataError, match=r"the first line looks like data"):
         read_interactions(path)
+    named = write(tmp_path / "b.csv", "who,what,2024\nalice,apple,1\nbob,pear,2\n")
+    with pytest.raises(DataError, match=r"set data.user_column") as raised:
+        read_interactions(named)  # a column named 2024 does not make the header data
+    assert "looks like data" not in str(raised.value)
 
 
 @pytest.mark.parametrize(

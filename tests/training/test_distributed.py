@@ -256,9 +256,10 @@ def test_two_ranks_train_duorec_gathering_each_others_views(tmp_path: Path) -> N
 
 
 def test_two_ranks_train_on_in_batch_negatives_from_both_ranks(tmp_path: Path) -> None:
-    """GRU4Rec's BPR-max over negatives drawn from the whole batch's targets (each rank draws
-    its own: no parity), DuoRec with its same-target views, each with a last batch of one
-    row, which both ranks skip (a rank without rows could not gather): they train in step."""
+    """GRU4Rec's BPR-max over in-batch negatives and DuoRec with its same-target views (each
+    rank draws its own: no parity), each with a last batch of one row, which both ranks skip
+    (a rank without rows could not gather): they train in step. That the draws come from
+    both ranks' rows is checked in the collectives test."""
     for name in ("gru4rec", "duorec"):
         raw = tiny_raw(model={"name": name, "hidden_size": 16, "max_seq_len": 20})
         raw["train"] = {**raw.get("train", {}), "max_epochs": 2}
@@ -443,6 +444,33 @@ WORKER = textwrap.dedent(
         summed = torch.tensor([[3.0], [6.0], [9.0]]).expand(3, 3)
         assert torch.equal(weight.grad, summed[start : start + rank + 1]), weight.grad
         print(f"rank {rank}: rows gathered")
+
+        from seqrec.models.duorec import info_nce
+        from seqrec.models.objective import in_batch_negatives
+        from seqrec.models.sasrec import SASRecConfig
+
+        torch.manual_seed(0)  # the same whole batch on both ranks: 4 rows on rank 0, 3 on 1
+        views = torch.randn(2, 7, 5, requires_grad=True)
+        targets = torch.tensor([1, 2, 1, 3, 2, 4, 4])
+        whole = info_nce(views[0], views[1], temperature=0.7, targets=targets) * 7
+        (expected,) = torch.autograd.grad(whole, views)
+        mine = slice(0, 4) if rank == 0 else slice(4, 7)
+        part = views.detach()[:, mine].clone().requires_grad_(True)
+        with rows_gathered_over_ranks():
+            loss = info_nce(part[0], part[1], temperature=0.7, targets=targets[mine])
+            (loss * part.size(1)).backward()
+        # each rank's anchors against every view; the ranks' sums are the batch's
+        total = torch.tensor([float(loss) * part.size(1)])
+        torch.distributed.all_reduce(total)
+        assert torch.allclose(total, whole.detach().reshape(1), rtol=1e-5), (total, whole)
+        assert torch.allclose(part.grad, expected[:, mine], atol=1e-6), (part.grad, expected)
+
+        config = SASRecConfig(num_items=50, loss="bpr", negative_sampler="in_batch",
+                              num_negatives=400)
+        with rows_gathered_over_ranks():
+            drawn = set(in_batch_negatives(config, torch.tensor([1, 2, 3]) + 10 * rank).tolist())
+        assert drawn == {1, 2, 3, 11, 12, 13}, drawn  # from both ranks' targets
+        print(f"rank {rank}: views and negatives gathered")
     """
 )
 
@@ -457,8 +485,9 @@ def test_collectives_of_the_data_parallel_group(tmp_path: Path) -> None:
         assert f"rank {rank}: ValueError: no data on rank {rank}" in done.stdout
     for rank, what in ((1, "preparing"), (0, "reading")):
         assert f"rank {rank}: DataError: another rank failed while {what} the data" in done.stdout
-    assert "rank 0: rows gathered" in done.stdout
-    assert "rank 1: rows gathered" in done.stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: rows gathered" in done.stdout
+        assert f"rank {rank}: views and negatives gathered" in done.stdout
 
 
 def test_data_parallel_batches_split_every_step_between_the_ranks() -> None:

@@ -202,11 +202,11 @@ def analyze_depth(
     *,
     split: SplitChoice = "test",
     device: str = "auto",
-) -> Path:
+) -> Path | None:
     """The depth curve N = 0..max_depth of a trained run; returns the Markdown report path.
 
     In processes launched by ``torchrun`` the users are shared among them (each on its own
-    GPU when on CUDA) and rank 0 writes the report."""
+    GPU when on CUDA) and rank 0 writes the report; the other ranks return None."""
     run = load_run(run_dir)
     check_depth_model(run.model, max_depth)
     with data_parallel(device) as group:
@@ -223,7 +223,7 @@ def analyze_depth(
             share=group.evaluation_share(),
         )
     if not group.is_main:
-        return Path(out_dir) / "depth.md"
+        return None
     title = f"{run.model.config.name} on {data.name} ({split}): depth curve"
     protocol = describe_protocol(run.config.eval, data.num_items)
     return write_depth_report(rows, Path(out_dir), title, f"run: `{run_dir}`; {protocol}")

@@ -5,8 +5,8 @@ The whole pipeline is visible in ``prepare``; every stage is a pure function fro
 ``<cache>/prepared/<key>/`` as ``data.npz`` (all arrays), ``idmap.json`` and
 ``meta.json`` (written last, with the sha256 of the other two, so an entry is complete
 and intact or it is rebuilt). The key hashes the source identity (resolved path and the
-sha256 of the file's bytes; or the synthetic generator's settings) and every DataConfig
-field that can change the result.
+sha256 of the file's bytes, ``seqrec.data.digests``; or the synthetic generator's settings)
+and every DataConfig field that can change the result.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import polars as pl
 from seqrec.config import DataConfig, FileFormat
 from seqrec.data import preprocess
 from seqrec.data.datasets import locate_dataset, user_cache_dir
+from seqrec.data.digests import content_sha256
 from seqrec.data.download import sha256_file
 from seqrec.data.idmap import IdMap
 from seqrec.data.readers import ColumnMap, read_interactions, shard_files
@@ -39,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # bump when the pipeline's output changes for the same inputs
 _SYNTHETIC_FIELDS = ("synthetic_users", "synthetic_items", "synthetic_seed")
-_ANNOUNCED_HASH_BYTES = 1 << 30  # hashing a source this large takes about a second
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ def prepare(
         use_cache: read and write ``<cache>/prepared/``; False rebuilds and writes nothing.
     """
     cache_root = Path(cache_dir) if cache_dir is not None else user_cache_dir()
-    source = resolve_source(config, data_dir, cache_dir=cache_root, download=download)
+    source = resolve_source(
+        config, data_dir, cache_dir=cache_root, download=download, remember_digests=use_cache
+    )
     entry = cache_root / "prepared" / cache_key(config, source)
     if use_cache:
         cached = load_prepared(entry)
@@ -104,41 +106,42 @@ def resolve_source(
     *,
     cache_dir: str | Path | None = None,
     download: bool = True,
+    remember_digests: bool = True,
 ) -> Source:
-    """Which input ``config`` names: generated data, ``data.path``, or a located dataset file."""
+    """Which input ``config`` names: generated data, ``data.path``, or a located dataset file.
+    ``remember_digests``: keep the files' sha256 in the cache (``seqrec.data.digests``)."""
     if config.dataset == "synthetic":
         settings = {name: getattr(config, name) for name in _SYNTHETIC_FIELDS}
         settings["generator_version"] = GENERATOR_VERSION
         return Source("synthetic", "generated", None, "auto", {"synthetic": settings})
+    cache_root = Path(cache_dir) if cache_dir is not None else user_cache_dir()
+    digests = cache_root / "digests" if remember_digests else None
     if config.dataset == "file":
         assert config.path is not None  # DataConfig checks this
         path = Path(config.path).expanduser()
         if path.is_dir():
-            return Source(path.name, str(path), path, config.format, _shards_identity(path))
+            identity = _shards_identity(path, digests)
+            return Source(path.name, str(path), path, config.format, identity)
         if not path.is_file():
             raise DataError(f"data.path {path} does not exist")
-        return Source(path.name, str(path), path, config.format, _file_identity(path))
+        return Source(path.name, str(path), path, config.format, _file_identity(path, digests))
     located = locate_dataset(config.dataset, data_dir, cache_dir=cache_dir, download=download)
     fmt = located.file.format if config.format == "auto" else config.format
-    identity = _file_identity(located.path)
+    identity = _file_identity(located.path, digests)
     return Source(config.dataset, str(located.path), located.path, fmt, identity)
 
 
-def _file_identity(path: Path) -> dict[str, Any]:
-    """The file's bytes, not its size and mtime: a rewrite that keeps both (``cp -p``,
-    ``rsync -t``, a restore from a backup, a coarse-mtime filesystem) must not load the old
-    file's arrays. Hashing runs at over 1 GB/s, far faster than parsing the file."""
-    size = path.stat().st_size
-    if size >= _ANNOUNCED_HASH_BYTES:
-        logger.info("hashing %s (%.1f GB) to find its prepared data", path, size / 1e9)
-    return {"path": str(path.resolve()), "size": size, "sha256": sha256_file(path)}
+def _file_identity(path: Path, digests: Path | None) -> dict[str, Any]:
+    """What the file holds (its sha256), not its size and mtime: see ``seqrec.data.digests``."""
+    sha256 = content_sha256(path, digests)
+    return {"path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256}
 
 
-def _shards_identity(folder: Path) -> dict[str, Any]:
+def _shards_identity(folder: Path, digests: Path | None) -> dict[str, Any]:
     """A directory log's identity: every shard's, so that an added, removed or rewritten shard
     prepares the data anew."""
     shards = [
-        {**_file_identity(shard), "path": str(shard.relative_to(folder))}
+        {**_file_identity(shard, digests), "path": str(shard.relative_to(folder))}
         for shard in shard_files(folder)
     ]
     return {"path": str(folder.resolve()), "shards": shards}

@@ -125,7 +125,7 @@ def _in_precise_time_order(df: pl.DataFrame) -> pl.DataFrame:
 
 def _read_file(path: Path, fmt: ReadFormat, columns: ColumnMap | None) -> pl.DataFrame:
     if fmt in ("csv", "tsv", "parquet"):
-        return read_table(path, fmt, columns or ColumnMap())
+        return _read_table(path, fmt, columns or ColumnMap())
     if fmt == "movielens":
         return read_movielens(path)
     if fmt == "pairs":
@@ -385,10 +385,14 @@ def read_movielens(path: str | Path) -> pl.DataFrame:
 
 
 def read_table(path: str | Path, fmt: ReadFormat, columns: ColumnMap) -> pl.DataFrame:
-    """A csv/tsv/parquet table with a header, renamed to the canonical columns; with a
-    timestamp, also the precise time (a private column that ``read_interactions`` orders the
-    rows by and drops)."""
-    path = Path(path)
+    """A csv/tsv/parquet table with a header, renamed to the canonical columns (rows in time
+    order where timestamps have fractions of a second, else in file order)."""
+    return _in_precise_time_order(_read_table(Path(path), fmt, columns))
+
+
+def _read_table(path: Path, fmt: ReadFormat, columns: ColumnMap) -> pl.DataFrame:
+    """``read_table`` with, when there is a timestamp, the precise time as a private column
+    that ``read_interactions`` orders the rows by (after joining shards) and drops."""
     wanted = {
         USER_ID: columns.user,
         ITEM_ID: columns.item,
@@ -435,12 +439,15 @@ def _header_problem(df: pl.DataFrame, fmt: ReadFormat) -> str:
 
 
 def _looks_like_data(df: pl.DataFrame, rows: int = 1000) -> bool:
-    """A header field that is a number, or that recurs as a value of its column."""
-    header = pl.Series(df.columns)
-    if header.cast(pl.Float64, strict=False).is_not_null().any():
-        return True
+    """At least half the header fields a number or a value that recurs in its column (one
+    column may well be named 2024; a header of data has few fields that are only names)."""
     head = df.head(rows)
-    return any(name in head[name].to_list() for name in df.columns)
+
+    def like_data(name: str) -> bool:
+        is_number = pl.Series([name]).cast(pl.Float64, strict=False).is_not_null().item()
+        return bool(is_number) or name in head[name].cast(pl.String).to_list()
+
+    return 2 * sum(like_data(name) for name in df.columns) >= df.width
 
 
 def _load_parquet(path: Path, needed: list[str]) -> pl.DataFrame:

@@ -88,11 +88,13 @@ class DuoRecConfig(SASRecConfig):
 
     @property
     def loss_splits_by_rows(self) -> bool:
-        return False  # the contrastive term's negatives are the batch's other rows
+        # the contrastive term's negatives are the batch's other rows
+        return self.contrastive_weight == 0.0 and super().loss_splits_by_rows
 
     @property
     def loss_gathers_rows(self) -> bool:
-        return True  # info_nce gathers the other ranks' views (and any in-batch negatives)
+        # info_nce gathers the other ranks' views (and in_batch_negatives their targets)
+        return self.contrastive_weight > 0.0 or super().loss_gathers_rows
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -130,16 +132,15 @@ def info_nce(
     every rank's views its candidates: the ranks' means, weighted by their rows, are the mean
     over the whole batch's anchors.
     """
-    rows = first.size(0)
-    first, start = gather_rows(first)
-    second, _ = gather_rows(second)
-    B = first.size(0)
-    z = torch.cat([first, second]).float()  # (2B, D)
+    rows = first.size(0)  # this rank's; B over every rank
+    pairs, start = gather_rows(torch.cat([first, second], dim=1))  # (B, 2D), one gather
+    B = pairs.size(0)
+    z = torch.cat(pairs.chunk(2, dim=1)).float()  # (2B, D): every first view, then every second
     if similarity == "cos":
         z = F.normalize(z, dim=-1)
     mine = torch.arange(start, start + rows, device=z.device)
-    anchors = torch.cat([mine, mine + B])  # (2b,) this rank's views; all 2B in one process
-    logits = z.index_select(0, anchors) @ z.T / temperature  # (2b, 2B)
+    anchors = torch.cat([mine, mine + B])  # this rank's views: all 2B in one process
+    logits = z.index_select(0, anchors) @ z.T / temperature  # (anchors, 2B)
     partner = (anchors + B) % (2 * B)  # view i pairs with view i + B and back
     if targets is None:
         views = torch.arange(2 * B, device=z.device)

@@ -381,5 +381,7 @@ def serve(app: FastAPI, sock: socket.socket) -> None:
     config = uvicorn.Config(app, log_level="info", access_log=False)
     try:
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn shuts down cleanly, then re-raises the SIGINT it caught
+    except KeyboardInterrupt:
+        # uvicorn shuts down cleanly, then raises again the SIGINT or SIGTERM it caught: SIGINT
+        # arrives as KeyboardInterrupt, SIGTERM as the CLI's subclass of it (cli._Terminated)
         logger.info("stopped")

@@ -115,7 +115,8 @@ class Predictor:
         """
         check_k(k)
         check_serves_histories(self.model)
-        if isinstance(histories, str) or any(isinstance(h, str) for h in histories):
+        histories = list(histories)  # str is refused below, not split into characters
+        if any(isinstance(h, str) for h in histories):
             raise TypeError(
                 "histories must be a list of histories, each a list of item ids "
                 '(recommend([["1193", "661"]])), not strings, whose characters would be read '

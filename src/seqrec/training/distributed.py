@@ -165,7 +165,7 @@ class DataParallel:
         return EvalShare(index=self.rank, count=self.world_size, add_up=self._sum_array)
 
     def _sum_array(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        tensor = torch.from_numpy(np.ascontiguousarray(values)).to(self._collective_device())
+        tensor = torch.from_numpy(np.array(values)).to(self._collective_device())  # a copy
         dist.all_reduce(tensor)
         summed: npt.NDArray[Any] = tensor.cpu().numpy()
         return summed
