@@ -55,6 +55,8 @@ def print_result(result: EvalResult, title: str) -> None:
     ks = sorted({int(name.split("@")[1]) for name in result.metrics})
     print(f"{title} — {result.split} split, {result.num_users:,} users")
     print(f"protocol: {result.protocol}")
+    if result.list_note is not None:
+        print(result.list_note)
     print("metric ± 95% CI half-width")
     print(_metric_table(result.metrics, result.ci95, ks))
 
@@ -524,6 +526,9 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
         movies, note = find_movies_file(
             data.name, source, [args.data_dir, os.environ.get(DATA_DIR_ENV)], args.movies
         )
+        positions = getattr(run.model.config, "positional_embedding", None)
+        if positions is not None:  # the paper's comparison is with and without
+            label = f"{label} (positional embedding {'on' if positions else 'off'})"
         runs.append(
             AttentionRun(
                 label, run.model.to(device), data.split.test, data.name, run.id_map, movies, note
@@ -662,7 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--protocol", choices=("full", "sampled"), default=None)
     p.add_argument("--split", choices=("valid", "test"), default="test")
     p.add_argument("--filter-seen", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--export-ranks", metavar="FILE", help=".csv or .parquet: user_id, target, rank")
+    p.add_argument(
+        "--export-ranks", metavar="FILE", help=".csv or .parquet: user_id, target, rank, protocol"
+    )
     p.add_argument("--json", action="store_true", help="one flat JSON object on stdout")
     p.add_argument(
         "--set",

@@ -57,6 +57,19 @@ class EvalResult:
     ranks: npt.NDArray[np.int64] = field(repr=False)  # (U,) 1-based rank of each target
     users: npt.NDArray[np.int64] = field(repr=False)  # (U,) user row indices
     targets: npt.NDArray[np.int64] = field(repr=False)  # (U,) internal item ids
+    # A model that returns only its top-K list (generative) ranks the targets within it: a
+    # rank above ranked_within means "not in the list" (a miss at every k <= ranked_within).
+    ranked_within: int | None = None
+
+    @property
+    def list_note(self) -> str | None:
+        """What ``ranked_within`` means, for a reader of the results; None for a ranking."""
+        if self.ranked_within is None:
+            return None
+        return (
+            f"ranked within the model's own top-{self.ranked_within} list (a target outside it "
+            f"is a miss at every k <= {self.ranked_within})"
+        )
 
     def flat(self) -> dict[str, float | int | str | None]:
         """One flat dict: ``"NDCG@10"`` keys, their ``"NDCG@10_ci95"`` and the protocol; an
@@ -67,6 +80,8 @@ class EvalResult:
             key: value if math.isfinite(value) else None for key, value in figures.items()
         }
         row.update(protocol=self.protocol, split=self.split, num_users=self.num_users)
+        if self.ranked_within is not None:
+            row["ranked_within"] = self.ranked_within
         return row
 
 
@@ -293,8 +308,9 @@ def evaluate_variants(
             variant_ranks[chunk] = chunk_rank.numpy()
     if share is not None:
         ranks, short_users = _added_up(ranks, short_users, share, len(eval_set))
+    ranked_within = max(config.ks) if variants is None else None
     return [
-        _result(variant_ranks, eval_set, config, num_items, split, short_users)
+        _result(variant_ranks, eval_set, config, num_items, split, short_users, ranked_within)
         for variant_ranks in ranks or [np.zeros(0, dtype=np.int64)]
     ]
 
@@ -332,6 +348,7 @@ def _result(
     num_items: int,
     split: str,
     short_users: int = 0,
+    ranked_within: int | None = None,
 ) -> EvalResult:
     per_user = all_metrics(torch.from_numpy(ranks), config.ks)
     means = {name: mean_and_ci(values) for name, values in per_user.items()}
@@ -344,6 +361,7 @@ def _result(
         ranks=ranks + 1,
         users=eval_set.users.astype(np.int64),
         targets=eval_set.targets.astype(np.int64),
+        ranked_within=ranked_within,
     )
 
 
@@ -388,8 +406,11 @@ def evaluate_model_variants(
     )
 
 
-RANK_COLUMNS = ("user_id", "target", "rank")
-_CSV_HEADER = ",".join(RANK_COLUMNS).encode()
+RANK_COLUMNS = ("user_id", "target", "rank")  # what a rank file must hold
+# What export_ranks writes: also the protocol, so that files of two protocols are not compared
+# (files written before it have the three columns only).
+RANK_FILE_COLUMNS = (*RANK_COLUMNS, "protocol")
+_CSV_HEADERS = tuple(",".join(columns).encode() for columns in (RANK_COLUMNS, RANK_FILE_COLUMNS))
 
 
 def is_rank_file(path: Path) -> bool:
@@ -397,10 +418,10 @@ def is_rank_file(path: Path) -> bool:
     header line, or exactly its parquet columns. Only the header line or the schema is read."""
     with path.open("rb") as handle:  # unreadable: the OSError says so, rather than a guess
         if path.suffix.lower() != ".parquet":
-            line = handle.readline(len(_CSV_HEADER) + 2)
-            return line in (_CSV_HEADER + b"\n", _CSV_HEADER + b"\r\n", _CSV_HEADER)
+            line = handle.readline(max(map(len, _CSV_HEADERS)) + 2).rstrip(b"\r\n")
+            return line in _CSV_HEADERS
     try:
-        return tuple(pl.read_parquet_schema(path)) == RANK_COLUMNS
+        return tuple(pl.read_parquet_schema(path)) in (RANK_COLUMNS, RANK_FILE_COLUMNS)
     except (pl.exceptions.PolarsError, OSError):  # not parquet at all
         return False
 
@@ -420,17 +441,25 @@ def check_rank_export(path: str | Path) -> None:
 
 
 def export_ranks(result: EvalResult, id_map: IdMap, path: str | Path) -> None:
-    """One row per evaluated user: ``user_id``, ``target`` (original ids), 1-based ``rank``.
+    """One row per evaluated user: ``user_id``, ``target`` (original ids), 1-based ``rank``
+    (empty for a target outside a generative model's list, ``EvalResult.ranked_within``), and
+    the ``protocol``.
 
     An existing file is only replaced when it is an earlier rank export (``check_rank_export``).
     """
     path = Path(path)
     check_rank_export(path)
+    ranks = pl.Series("rank", result.ranks, dtype=pl.Int64)
+    if result.ranked_within is not None:
+        ranks = pl.select(
+            pl.when(ranks <= result.ranked_within).then(ranks).otherwise(None)
+        ).to_series()
     frame = pl.DataFrame(
         {
             "user_id": [id_map.users[u] for u in result.users],
             "target": id_map.item_to_original(result.targets),
-            "rank": result.ranks,
+            "rank": ranks,
+            "protocol": [result.protocol] * len(ranks),
         }
     )
     with atomic_path(path) as tmp:

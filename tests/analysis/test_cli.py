@@ -144,6 +144,7 @@ def test_attention_without_genres_says_why(
     assert "matplotlib is not installed" in err
     rows = json.loads((out / "attention_heatmaps.json").read_text())
     assert len({row["run"] for row in rows}) == 2
+    assert all(row["run"].endswith("(positional embedding on)") for row in rows)
     assert not (out / "genre_attention.csv").exists()
 
 

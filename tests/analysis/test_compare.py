@@ -96,3 +96,39 @@ def test_the_command_prints_json_and_fails_cleanly(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
     assert "does not exist" in bad.stderr
+
+
+def test_files_of_two_protocols_are_refused(tmp_path: Path) -> None:
+    def ranks(name: str, protocol: str) -> pl.DataFrame:
+        frame = pl.DataFrame(
+            {"user_id": ["1", "2"], "target": ["7", "8"], "rank": [1, 2], "protocol": protocol}
+        )
+        frame.write_csv(tmp_path / name)
+        return read_ranks(tmp_path / name)
+
+    full, sampled = ranks("a.csv", "full ranking"), ranks("b.csv", "sampled: target + 100")
+    with pytest.raises(ValueError, match=r"different protocols \(A: full ranking; B: sampled"):
+        paired_differences(full, sampled)
+    older = read_ranks(write(tmp_path / "c.csv", ["1", "2"], ["7", "8"], [1, 2]))
+    assert paired_differences(full, older, bootstrap=10)  # a file without it: not refused
+    assert paired_differences(full, ranks("d.csv", "full ranking"), bootstrap=10)
+
+
+def test_a_generative_list_counts_unlisted_targets_as_misses_up_to_its_length(
+    tmp_path: Path,
+) -> None:
+    """A generative model ranks only its top-K list: an empty rank is a miss at k <= K, and a
+    larger k cannot be computed from the file (it once counted every unlisted user a hit)."""
+    listed = tmp_path / "tiger.csv"
+    listed.write_text("user_id,target,rank\n1,7,1\n2,8,\n3,9,10\n4,6,\n")
+    tiger = read_ranks(listed)
+    ranking = read_ranks(
+        write(tmp_path / "s.csv", ["1", "2", "3", "4"], list("7896"), [1, 2, 3, 50])
+    )
+    (hr,) = [
+        r for r in paired_differences(tiger, ranking, (10,), bootstrap=10) if r.metric == "HR@10"
+    ]
+    assert hr.mean_a == pytest.approx(2 / 4)
+    assert hr.mean_b == pytest.approx(3 / 4)
+    with pytest.raises(ValueError, match=r"rank file A ranks the targets only within .* k <= 10"):
+        paired_differences(tiger, ranking, (10, 20))

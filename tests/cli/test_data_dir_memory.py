@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from seqrec.cli import main
+from seqrec.data import datasets
 from seqrec.data.synthetic import generate
 from tests.cli.helpers import tiny_raw, write_yaml
 
 
 def test_evaluate_finds_the_data_folder_the_run_was_trained_from(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A registry dataset (lastfm, seq-per-line) laid out as <dir>/<name>/<file>.
     frame = generate(150, 80, seed=3)
@@ -33,6 +34,12 @@ def test_evaluate_finds_the_data_folder_the_run_was_trained_from(
         == 0
     )
     capsys.readouterr()
+
+    def no_download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the file the run was trained on is there: nothing to download")
+
+    monkeypatch.setenv("SEQREC_OFFLINE", "0")  # a download would be tried, and fail the test
+    monkeypatch.setattr(datasets, "download_file", no_download)
     assert main(["-q", "evaluate", str(run), "--json"]) == 0  # no --data-dir, no env var
     result = json.loads(capsys.readouterr().out)
     saved = json.loads((run / "results.json").read_text())

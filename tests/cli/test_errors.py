@@ -496,8 +496,15 @@ def test_export_ranks_replaces_an_earlier_export(
     assert main(argv) == 0
     capsys.readouterr()
     again = pl.read_csv(target) if suffix == ".csv" else pl.read_parquet(target)
-    assert again.columns == first.columns == ["user_id", "target", "rank"]
+    assert again.columns == first.columns == ["user_id", "target", "rank", "protocol"]
     assert not again.equals(first)  # the valid split's targets replaced the test split's
+    old = first.select("user_id", "target", "rank")  # a file written before the protocol column
+    if suffix == ".csv":
+        old.write_csv(target)
+    else:
+        old.write_parquet(target)
+    assert main(argv) == 0  # is a rank file too, and replaced
+    assert "protocol" in (pl.read_csv(target) if suffix == ".csv" else pl.read_parquet(target))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from seqrec.cli import main
@@ -59,6 +60,13 @@ def test_evaluate_and_recommend_a_generative_run(
         again = json.loads(capsys.readouterr().out)
         results = json.loads((tiger_run / "results.json").read_text())
         assert again["NDCG@10"] == pytest.approx(results["NDCG@10"])
+        assert again["ranked_within"] == 10  # its own top-10 list: eval.ks' largest
+        ranks_file = tmp_path / "ranks.csv"
+        assert main(["evaluate", str(tiger_run), "--export-ranks", str(ranks_file), "-q"]) == 0
+        ranks = pl.read_csv(ranks_file)["rank"]
+        assert ranks.max() <= 10  # a target outside the list has no rank, not rank 11
+        assert ranks.is_not_null().mean() == pytest.approx(again["HR@10"])
+        assert "ranked within the model's own top-10 list" in capsys.readouterr().out
         assert main(["evaluate", str(tiger_run), "--json", "--set", "model.beam_size=20"]) == 0
         wider = json.loads(capsys.readouterr().out)
         assert wider["HR@10"] >= 0.0

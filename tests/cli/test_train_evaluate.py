@@ -251,8 +251,9 @@ def test_exported_ranks_reproduce_the_metrics_with_original_ids(
     path = tmp_path / f"ranks{suffix}"
     result = evaluate_json(capsys, str(file_run), "--split", split, "--export-ranks", str(path))
     frame = read_ranks(path)
-    assert frame.columns == ["user_id", "target", "rank"]
+    assert frame.columns == ["user_id", "target", "rank", "protocol"]
     assert frame.height == result["num_users"] == 300
+    assert frame["protocol"].unique().to_list() == [result["protocol"]]
 
     expected = targets(log, split)
     assert sorted(frame["user_id"]) == sorted(expected)  # original "u<n>" ids, every user once

@@ -242,7 +242,8 @@ def test_export_ranks_uses_original_ids(tmp_path, suffix: str) -> None:  # type:
     path = tmp_path / f"ranks{suffix}"
     export_ranks(result, id_map, path)
     frame = pl.read_csv(path) if suffix == ".csv" else pl.read_parquet(path)
-    assert frame.columns == ["user_id", "target", "rank"]
+    assert frame.columns == ["user_id", "target", "rank", "protocol"]
+    assert frame["protocol"].unique().to_list() == [result.protocol]
     assert frame["user_id"].to_list() == ["u0", "u1", "u2", "u3"]
     assert frame["target"].to_list() == ["i7", "i9", "i1", "i8"]
     assert frame["rank"].to_list() == [1, 1, 3, 9]

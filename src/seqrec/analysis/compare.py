@@ -7,7 +7,8 @@ separate confidence intervals, because most of the per-user variance is shared. 
 the test users, not training randomness: one run per model is still one seed.
 
 Rank files are what ``seqrec evaluate --export-ranks`` writes: ``user_id``, ``target``,
-1-based ``rank``.
+1-based ``rank`` (empty where a generative model's top-K list does not hold the target) and
+``protocol``; files of two protocols are not compared, nor cut-offs beyond a list.
 """
 
 from __future__ import annotations
@@ -58,15 +59,21 @@ def read_ranks(path: str | Path) -> pl.DataFrame:
             f"{path} lacks column(s) {', '.join(missing)}; rank files come from "
             "`seqrec evaluate RUN --export-ranks FILE`"
         )
+    ranks = frame["rank"]
     frame = frame.select(
         pl.col("user_id").cast(pl.String),
         pl.col("target").cast(pl.String),
         pl.col("rank").cast(pl.Int64, strict=False),
+        (pl.col("protocol") if "protocol" in frame.columns else pl.lit(None))
+        .cast(pl.String)
+        .alias("protocol"),
     )
-    if frame["rank"].null_count() or (frame["rank"] < 1).any():
-        raise ValueError(f"{path}: every rank must be an integer >= 1")
+    if frame["rank"].null_count() > ranks.null_count() or (frame["rank"] < 1).any():
+        raise ValueError(f"{path}: every rank must be an integer >= 1 (or empty: not listed)")
     if frame["user_id"].is_duplicated().any():
         raise ValueError(f"{path}: a user appears more than once")
+    if frame["protocol"].n_unique() > 1:
+        raise ValueError(f"{path}: its rows name more than one protocol")
     return frame
 
 
@@ -74,7 +81,7 @@ def aligned_ranks(a: pl.DataFrame, b: pl.DataFrame) -> tuple[torch.Tensor, torch
     """0-based ranks of the same users in both files, in one order; refuses files that rank
     different users or different targets (different splits or datasets)."""
     joined = a.join(b, on="user_id", how="full", suffix="_b", coalesce=True)
-    only_one = joined.filter(pl.col("rank").is_null() | pl.col("rank_b").is_null()).height
+    only_one = joined.filter(pl.col("target").is_null() | pl.col("target_b").is_null()).height
     if only_one:
         raise ValueError(
             f"the rank files rank different users ({only_one} in one file only): evaluate both "
@@ -86,11 +93,37 @@ def aligned_ranks(a: pl.DataFrame, b: pl.DataFrame) -> tuple[torch.Tensor, torch
             f"the rank files have different targets for {differ} users: evaluate both runs on "
             "the same dataset and split"
         )
+    protocols = {p for p in (a["protocol"][0], b["protocol"][0]) if p is not None}
+    if len(protocols) > 1:
+        first, second = a["protocol"][0], b["protocol"][0]
+        raise ValueError(
+            f"the rank files come from different protocols (A: {first}; B: {second}): "
+            "evaluate both runs with the same one"
+        )
     joined = joined.sort("user_id")
-    return (
-        torch.from_numpy(joined["rank"].to_numpy() - 1),
-        torch.from_numpy(joined["rank_b"].to_numpy() - 1),
-    )
+    return _zero_based(joined["rank"]), _zero_based(joined["rank_b"])
+
+
+_NOT_LISTED = np.iinfo(np.int64).max // 2  # a 0-based rank no cut-off reaches
+
+
+def _zero_based(ranks: pl.Series) -> torch.Tensor:
+    """0-based ranks; a target outside a generative model's list ranks beyond every k."""
+    return torch.from_numpy(ranks.fill_null(_NOT_LISTED + 1).to_numpy() - 1)
+
+
+def check_cut_offs(frame: pl.DataFrame, ks: tuple[int, ...], name: str) -> None:
+    """Refuse a k beyond a generative model's list: a target outside it may rank anywhere
+    after it. The list holds at least the largest rank any user has."""
+    if frame["rank"].null_count() == 0:
+        return
+    listed = int(frame["rank"].fill_null(0).to_numpy().max())
+    if max(ks) > listed:
+        raise ValueError(
+            f"rank file {name} ranks the targets only within a model's top-K list (its "
+            f"largest rank is {listed}, and some targets are not listed): compare at "
+            f"k <= {listed}, or evaluate that run with a larger eval.ks"
+        )
 
 
 def _bootstrap_means(
@@ -118,6 +151,8 @@ def paired_differences(
         raise ValueError(f"bootstrap must be >= 1, got {bootstrap}")
     if not ks or min(ks) < 1:
         raise ValueError(f"the cut-offs k must be >= 1, got {list(ks)}")
+    check_cut_offs(a, ks, "A")
+    check_cut_offs(b, ks, "B")
     ranks_a, ranks_b = aligned_ranks(a, b)
     if len(ranks_a) < 2:
         raise ValueError("a paired comparison needs at least two users")

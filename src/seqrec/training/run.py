@@ -28,7 +28,6 @@ from seqrec.config import (
     set_dotted,
 )
 from seqrec.data.prepare import prepare
-from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import EvalResult, check_num_negatives, evaluate_model
 from seqrec.models.base import (
@@ -141,9 +140,17 @@ def _check_resume(run_dir: Path, config: ExperimentConfig, resolved: dict[str, A
                 hint = f" ({run_dir} never completed an epoch: removing it loses nothing)"
             raise ConfigError(
                 f"--resume: the config differs from the one {run_dir} was started with "
-                f"({', '.join(f'{section}.{k}' for k in keys)}); resume without --config/--set, "
-                f"or start a new --out{hint}"
+                f"({', '.join(f'{section}.{k}' for k in keys)}); resume without --config, with "
+                f"--set only for {_free_fields()}, or start a new --out{hint}"
             )
+
+
+def _free_fields() -> str:
+    return ", ".join(
+        f"{section}.{name}"
+        for section, names in RESUME_FREE_FIELDS.items()
+        for name in sorted(names)
+    )
 
 
 def _never_trained(run_dir: Path) -> bool:
@@ -405,16 +412,14 @@ def _train_experiment(
 def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> PreparedData:
     """The prepared data a run was trained on; refuses data whose ids differ from the run's.
 
-    Without ``data_dir``, the folder the run was trained from is tried when the usual places
-    (``$SEQREC_DATA_DIR``, the cache) do not have the dataset.
+    Without ``data_dir``, the folder the run was trained from is used while the file it was
+    trained on is still there (no search of the usual places, no download of another file of
+    the dataset); else the usual places (``$SEQREC_DATA_DIR``, the cache, a download).
     """
-    try:
-        data = prepare(run.config.data, data_dir)
-    except DataError:
-        trained_from = Path(str(run.resolved.get("dataset", {}).get("source", "")))
-        if data_dir is not None or not trained_from.is_file():
-            raise
-        data = prepare(run.config.data, trained_from.parent.parent)
+    trained_from = Path(str(run.resolved.get("dataset", {}).get("source", "")))
+    if data_dir is None and trained_from.is_file():
+        data_dir = trained_from.parent.parent
+    data = prepare(run.config.data, data_dir)
     if data.id_map.items != run.id_map.items or data.id_map.users != run.id_map.users:
         raise RunDirError(
             "the prepared data does not match the run's id map (the dataset or its "
