@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -62,9 +63,31 @@ def torchrun(*args: str, nproc: int = 2, timeout: float = 120) -> subprocess.Com
         str(nproc),
         *args,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    done = run_as_group(command, env, timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+def run_as_group(
+    command: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``command`` in a process group of its own, killed whole when it overruns ``timeout``:
+    killing only torchrun would leave its workers waiting in a collective for an hour."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def train_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -201,10 +224,17 @@ def test_two_nodes_train_as_one_process(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
             env={**cli_env(), "OMP_NUM_THREADS": "1"},
+            start_new_session=True,  # killed whole, workers included, if it overruns
         )
         for node in (0, 1)
     ]
-    outputs = [node.communicate(timeout=120) for node in nodes]
+    try:
+        outputs = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.communicate()
     for node, (_, stderr) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, stderr[-3000:]
     assert "data-parallel: rank 0 of 2 (gloo)" in outputs[0][1]
