@@ -598,34 +598,25 @@ def _inference_flag(parser: argparse.ArgumentParser) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """No abbreviated options: with them ``recommend --k 5`` would mean ``--keep-seen 5``."""
+    """The CLI's parsers (subcommands get this class too): no abbreviated options, with which
+    ``recommend --k 5`` would mean ``--keep-seen 5``; -v / -q before or after a subcommand (a
+    subcommand's own default is SUPPRESS, so that it keeps what the main parser read)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, root: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-
-
-def _logging_flags(parser: argparse.ArgumentParser, default: Any) -> None:
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", default=default, help="debug logging"
-    )
-    parser.add_argument(
-        "-q", "--quiet", action="store_true", default=default, help="warnings and errors only"
-    )
-
-
-def _subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                yield child
-                yield from _subcommands(child)
+        default = False if root else argparse.SUPPRESS
+        self.add_argument(
+            "-v", "--verbose", action="store_true", default=default, help="debug logging"
+        )
+        self.add_argument(
+            "-q", "--quiet", action="store_true", default=default, help="warnings and errors only"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="seqrec", description="Sequential recommendation.")
+    parser = _Parser(prog="seqrec", description="Sequential recommendation.", root=True)
     parser.add_argument("--version", action="version", version=f"seqrec {__version__}")
-    _logging_flags(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="datasets: list, info, prepare")
@@ -796,8 +787,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     _common_data(p)
     p.set_defaults(handler=cmd_analyze_depth)
-    for command in _subcommands(parser):  # -v / -q after the subcommand too
-        _logging_flags(command, default=argparse.SUPPRESS)
     return parser
 
 
