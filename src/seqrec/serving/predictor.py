@@ -43,7 +43,8 @@ def check_serves_histories(model: SequentialRecommender) -> None:
             f"{model.config.name} scores each training user by the embedding it learned for "
             "them (a user embedding), so it cannot rank a given history: evaluate it with "
             "seqrec evaluate, and recommend or serve with a model without one (sasrec, "
-            "gru4rec, mamba4rec, ...; for sasrec and caser: model.user_embedding: false)"
+            "gru4rec, mamba4rec, ...; for sasrec, gsasrec and caser: model.user_embedding: "
+            "false)"
         )
 
 
