@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import threading
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -371,9 +372,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"items": rec.items, "scores": rec.scores, "unknown": rec.unknown}))
     else:
-        print(f"{'rank':>4}  {'item':<12} score")
+        width = max(12, *(_display_width(item) for item in rec.items))
+        print(f"{'rank':>4}  {_left('item', width)} score")
         for rank, (item, score) in enumerate(zip(rec.items, scores, strict=True), 1):
-            print(f"{rank:>4}  {item:<12} {score:.4f}")
+            print(f"{rank:>4}  {_left(item, width)} {score:.4f}")
     return 0
 
 
@@ -560,6 +562,18 @@ def cmd_analyze_depth(args: argparse.Namespace) -> int:
     print(report.read_text())
     print(f"report: {report}")
     return 0
+
+
+def _display_width(text: str) -> int:
+    """Terminal columns: wide (CJK) characters take two, combining marks none."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
+def _left(text: str, width: int) -> str:
+    return text + " " * max(0, width - _display_width(text))
 
 
 def _count(n: int, noun: str) -> str:

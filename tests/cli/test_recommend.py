@@ -345,3 +345,10 @@ def test_output_fifo_is_written_not_replaced(
         os.close(reader)
     assert [json.loads(line)["line"] for line in text.splitlines()] == [1, 2]
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_the_table_pads_ids_by_their_width_on_a_terminal() -> None:
+    from seqrec.cli import _display_width, _left
+
+    assert [_display_width(t) for t in ("abc", "商品", "e\u0301")] == [3, 4, 1]
+    assert {_display_width(_left(t, 8)) for t in ("abc", "商品", "e\u0301")} == {8}
