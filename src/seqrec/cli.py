@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from seqrec.evaluation import EvalResult
     from seqrec.serving.predictor import Predictor
 
+IMPORT_ENV = "SEQREC_IMPORT"  # modules or .py files to import first, comma-separated
 EXIT_BAD_INPUT = 2
 EXIT_PARTIAL = 3  # batch recommend: some lines could not be answered
 EXIT_STDOUT_CLOSED = 141  # what a shell reports for a process that SIGPIPE ended
@@ -631,6 +634,15 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="seqrec", description="Sequential recommendation.", root=True)
     parser.add_argument("--version", action="version", version=f"seqrec {__version__}")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help=f"import a module (or a .py file) first, e.g. one that registers a model of your "
+        f"own; repeatable; ${IMPORT_ENV} adds more, separated by commas",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="datasets: list, info, prepare")
@@ -824,6 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args)
     handler: Handler = args.handler
     try:
+        import_plugins([*args.imports, *os.environ.get(IMPORT_ENV, "").split(",")])
         with _sigterm_interrupts(launched_world_size() == 1):
             return handler(args)
     except BrokenPipeError as err:
@@ -849,6 +862,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def import_plugins(names: Sequence[str]) -> None:
+    """Import each module name (from the working directory too, as ``python -m`` does) or
+    .py file, so that what it registers (``@register_model``) is known to every command."""
+    for name in (n.strip() for n in names):
+        if not name:
+            continue
+        try:
+            if name.endswith(".py") or os.sep in name:
+                _import_file(Path(name))
+            else:
+                if os.getcwd() not in sys.path:
+                    sys.path.insert(0, os.getcwd())
+                # the one import by name: the user's own module, which registers itself
+                importlib.import_module(name)  # noqa: TID251
+        except Exception as err:  # its own error, in one line: an import runs arbitrary code
+            raise ConfigError(
+                f"--import {name}: {type(err).__name__}: {_error_text(err)}"
+            ) from None
+
+
+def _import_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not a file")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(module)
 
 
 class _Terminated(KeyboardInterrupt):

@@ -29,7 +29,7 @@ from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, PreparedData, Sequences
 from seqrec.io import atomic_path, written_in_place
 from seqrec.metrics import all_metrics, mean_and_ci, rank_in_topk, rank_of_target
-from seqrec.models.base import ScoringRecommender, SequentialRecommender
+from seqrec.models.base import ScoringRecommender, SequentialRecommender, check_output_shape
 
 logger = logging.getLogger(__name__)
 
@@ -284,8 +284,10 @@ def evaluate_variants(
         users = torch.from_numpy(eval_set.users[chunk]).to(device)
         targets = torch.from_numpy(eval_set.targets[chunk].astype(np.int64))
         if variants is None:  # generative models: rank inside their top-K
-            topk = model.recommend(input_ids, max(config.ks), config.filter_seen, users)
-            chunk_ranks = [rank_in_topk(topk.cpu(), targets)]
+            K = max(config.ks)
+            topk = model.recommend(input_ids, K, config.filter_seen, users)
+            check_output_shape(model, "recommend", topk, (len(chunk), K), "(B, k), padded with 0")
+            chunk_ranks = [rank_in_topk(topk.cpu(), targets, missing=K)]
         else:
             sub = histories.take(chunk)
             history = (sub.row_ids(), sub.items.astype(np.int64))
@@ -294,7 +296,15 @@ def evaluate_variants(
                 candidates = sampler.sample(eval_set.users[chunk], config.num_negatives)
                 short_users += int((candidates == PAD_ID).any(dim=1).sum())
             chunk_ranks = [
-                _ranks_from_scores(scores, targets, history, candidates, config)
+                _ranks_from_scores(
+                    check_output_shape(
+                        model, "score", scores, (len(chunk), num_items + 1), "(B, N + 1)"
+                    ),
+                    targets,
+                    history,
+                    candidates,
+                    config,
+                )
                 for scores in variants(input_ids, users)
             ]
         if not ranks:

@@ -15,7 +15,8 @@ from torch import Tensor
 
 
 def rank_of_target(scores: Tensor, target: Tensor) -> Tensor:
-    """0-based rank of ``target`` among ``scores``; ties count against the target.
+    """0-based rank of ``target`` among ``scores``; ties count against the target, and so
+    does a NaN: a NaN target ranks last, a NaN elsewhere ranks above the target.
 
     scores: (B, N) float, target: (B,) long -> (B,) long.
 
@@ -23,17 +24,22 @@ def rank_of_target(scores: Tensor, target: Tensor) -> Tensor:
     [1]
     >>> rank_of_target(torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([0])).tolist()
     [2]
+    >>> with_nan = torch.tensor([[0.1, float("nan"), 0.5]]).expand(2, 3)
+    >>> rank_of_target(with_nan, torch.tensor([1, 2])).tolist()
+    [2, 1]
     """
     target_score = scores.gather(1, target.unsqueeze(1))  # (B, 1)
-    return (scores >= target_score).sum(dim=1) - 1
+    above = (scores >= target_score) | scores.isnan() | target_score.isnan()
+    return above.sum(dim=1) - 1
 
 
-def rank_in_topk(topk_ids: Tensor, target: Tensor) -> Tensor:
-    """Rank of ``target`` in a top-K list, or K when it is missing. (B, K), (B,) -> (B,)."""
+def rank_in_topk(topk_ids: Tensor, target: Tensor, missing: int | None = None) -> Tensor:
+    """Rank of ``target`` in a top-K list, or ``missing`` (default K) when it is not in it.
+    (B, K), (B,) -> (B,)."""
     hits = topk_ids == target.unsqueeze(1)  # (B, K)
-    K = topk_ids.size(1)
     first_hit = hits.long().argmax(dim=1)
-    return torch.where(hits.any(dim=1), first_hit, torch.full_like(first_hit, K))
+    absent = topk_ids.size(1) if missing is None else missing
+    return torch.where(hits.any(dim=1), first_hit, torch.full_like(first_hit, absent))
 
 
 def hit_rate(ranks: Tensor, k: int) -> Tensor:

@@ -116,7 +116,12 @@ def test_shuffle_evaluation_evaluates_the_shuffled_histories(
     held_out = eval_set(rows, targets=[1] * len(rows))
     config = EvalConfig(filter_seen=False)
     table = residual.shuffle_evaluation(
-        model, held_out, config, all_sequences=held_out.histories, num_items=20, seeds=(0, 1)
+        model,
+        held_out,
+        config,
+        all_sequences=held_out.histories,
+        num_items=model.config.num_items,
+        seeds=(0, 1),
     )
     assert [row["condition"] for row in table] == ["original", "partial", "partial", "full", "full"]
     max_len = model.config.max_seq_len

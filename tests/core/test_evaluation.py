@@ -30,7 +30,7 @@ from seqrec.evaluation import (
     export_ranks,
     is_rank_file,
 )
-from seqrec.models.base import ModelConfig, ScoringRecommender
+from seqrec.models.base import ModelConfig, ScoringRecommender, SequentialRecommender
 
 N = 9
 
@@ -351,3 +351,45 @@ def test_a_rank_file_is_recognised_by_its_exact_csv_header(tmp_path: Path) -> No
         path = tmp_path / f"f{i}.csv"
         path.write_text(text, newline="")
         assert is_rank_file(path) == expected, text
+
+
+def test_a_nan_score_is_a_miss_not_a_hit() -> None:
+    """NaN compares false with everything: the target's NaN once ranked it first (HR 1, NDCG
+    infinite), another item's NaN once ranked below it."""
+    weights = WEIGHTS.clone()
+    weights[7] = float("nan")  # user 0's target
+    config = EvalConfig(filter_seen=False)
+    ranks = run(config, weights)
+    assert ranks[0] == N  # last of the N candidates
+    result = evaluate(FixedScores(weights), EVAL_SET, config, all_sequences=ALL, num_items=N)
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert run(config)[1] == 1  # item 9 scores best: user 1's target ranks first ...
+    weights = WEIGHTS.clone()
+    weights[3] = float("nan")
+    assert run(config, weights)[1] == 2  # ... and second behind a NaN
+
+
+class ShortLists(SequentialRecommender):
+    """A generative-style model whose lists are shorter than the k it is asked for."""
+
+    config_class = FixedConfig
+
+    def __init__(self) -> None:
+        super().__init__(FixedConfig(num_items=N, max_seq_len=4))
+
+    def forward(self, batch: SeqBatch) -> ModelOutput:
+        raise NotImplementedError
+
+    def recommend(
+        self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
+    ) -> Tensor:
+        return torch.tensor([[7, 9]]).expand(input_ids.size(0), 2)
+
+
+def test_a_list_or_score_matrix_of_the_wrong_shape_is_refused() -> None:
+    """A list of 2 for k = 10 once made every miss rank 2, a hit at every k above it."""
+    with pytest.raises(ValueError, match=r"recommend returned shape \(4, 2\) for 4 users; it "):
+        evaluate(ShortLists(), EVAL_SET, EvalConfig(), all_sequences=ALL, num_items=N)
+    narrow = FixedScores(WEIGHTS[:-1])  # no column for item N: an off-by-one
+    with pytest.raises(ValueError, match=r"score returned shape \(4, 9\) .* \(B, N \+ 1\)"):
+        evaluate(narrow, EVAL_SET, EvalConfig(), all_sequences=ALL, num_items=N)

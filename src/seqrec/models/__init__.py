@@ -26,6 +26,7 @@ from seqrec.models.base import (
     SequentialRecommender,
     build_model,
     build_model_config,
+    register_model,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "pop",
     "rearec",
     "recrec",
+    "register_model",
     "sasrec",
     "tiger",
     "transrec",

@@ -141,14 +141,40 @@ class ScoringRecommender(SequentialRecommender):
         return scores.topk(k, dim=1).indices
 
 
-MODELS: Registry[type[SequentialRecommender]] = Registry("model")
+MODELS: Registry[type[SequentialRecommender]] = Registry(
+    "model",
+    unknown_hint="a model of your own: register it with @register_model in a module, and "
+    "load that with seqrec --import MODULE_OR_FILE or SEQREC_IMPORT",
+)
 M = TypeVar("M", bound=type[SequentialRecommender])
 C = TypeVar("C", bound=ModelConfig)
 
 
+def check_output_shape(
+    model: SequentialRecommender, method: str, out: Tensor, shape: tuple[int, int], rule: str
+) -> Tensor:
+    """``out`` of ``model.method`` if it has the shape of the contract (``rule``, e.g.
+    "(B, N + 1)"), else an error that says so, rather than an index error deep in the
+    ranking or the metrics of a list shorter than k."""
+    if tuple(out.shape) != shape:
+        raise ValueError(
+            f"{model.config.name}.{method} returned shape {tuple(out.shape)} for {shape[0]} "
+            f"users; it must return {rule} = {shape}"
+        )
+    return out
+
+
 def register_model(cls: M) -> M:
     """Class decorator: register under ``cls.config_class.name`` (the name is written once)."""
-    MODELS.register(cls.config_class.name)(cls)
+    if not (isinstance(cls, type) and issubclass(cls, SequentialRecommender)):
+        raise TypeError(f"register_model: {cls!r} is not a SequentialRecommender subclass")
+    name = getattr(cls.config_class, "name", "")
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f"register_model: {cls.__name__}.config_class has no name; give it "
+            'name: ClassVar[str] = "..." (the model.name of configs)'
+        )
+    MODELS.register(name)(cls)
     return cls
 
 

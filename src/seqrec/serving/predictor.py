@@ -20,6 +20,7 @@ from seqrec.models.base import (
     ModelConfig,
     ScoringRecommender,
     SequentialRecommender,
+    check_output_shape,
     with_inference_settings,
 )
 from seqrec.training.checkpoint import load_run
@@ -153,10 +154,18 @@ class Predictor:
             recent = torch.from_numpy(ids[-width:])
             input_ids[row, width - len(recent) :] = recent
         input_ids = input_ids.to(self.device)
-        if not isinstance(self.model, ScoringRecommender):
-            top = self.model.recommend(input_ids, k, exclude_seen).cpu()
+        rows, model = len(histories), self.model
+        if not isinstance(model, ScoringRecommender):
+            top = model.recommend(input_ids, k, exclude_seen).cpu()
+            check_output_shape(model, "recommend", top, (rows, k), "(B, k), padded with 0")
             return [([i for i in row.tolist() if i != PAD_ID], None) for row in top]
-        scores = self.model.score(input_ids).float().cpu()  # (B, N + 1)
+        scores = model.score(input_ids).float().cpu()
+        check_output_shape(model, "score", scores, (rows, model.config.num_items + 1), "(B, N + 1)")
+        if scores.isnan().any():
+            raise ValueError(
+                f"{model.config.name} scored items NaN (its weights or a sum overflowed): it "
+                "cannot rank them"
+            )
         return top_items(scores, histories if exclude_seen else None, k)
 
 

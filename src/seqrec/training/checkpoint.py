@@ -153,7 +153,8 @@ def load_run(
         )
         model_config = model_config_from_dict(raw["model"])
     except (ConfigError, KeyError) as err:
-        raise RunDirError(f"{run_dir / CONFIG}: {err}") from None
+        reason = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise RunDirError(f"{run_dir / CONFIG}: {reason}") from None
     model_config = with_inference_settings(model_config, settings or {})
     model = build_model(model_config)
     if not (run_dir / weights).exists() and _interrupted(run_dir):
