@@ -143,8 +143,9 @@ def test_unknown_model_name_lists_alternatives() -> None:
     with pytest.raises(ConfigError, match="unknown model 'nope'; available: ") as excinfo:
         build_model_config({"name": "nope"}, num_items=NUM_ITEMS)
     # Split the list: a substring test would let "gsasrec" stand in for a missing "sasrec".
-    listed = str(excinfo.value).split("available: ", 1)[1].split(", ")
-    assert sorted(listed) == MODELS.names()
+    available, hint = str(excinfo.value).split("available: ", 1)[1].split(" (", 1)
+    assert sorted(available.split(", ")) == MODELS.names()
+    assert hint.startswith("a model of your own: register it with @register_model")
 
 
 def test_unknown_model_key_lists_valid_keys() -> None:
