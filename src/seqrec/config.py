@@ -356,8 +356,12 @@ def _to_float(name: str, value: int | str) -> float:
     return number
 
 
-def from_dict(cls: type[C], data: Mapping[str, Any], section: str = "") -> C:
-    """Build a config dataclass; unknown keys and ill-typed values are errors, never dropped."""
+def from_dict(
+    cls: type[C], data: Mapping[str, Any], section: str = "", unlisted: frozenset[str] = frozenset()
+) -> C:
+    """Build a config dataclass; unknown keys and ill-typed values are errors, never dropped.
+    ``unlisted``: fields a user does not set (they come from the data), left out of the list of
+    valid keys that an unknown key's error shows."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     if not isinstance(data, Mapping):
@@ -369,7 +373,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], section: str = "") -> C:
     if unknown:
         raise ConfigError(
             f"unknown key(s) {', '.join(prefix + k for k in unknown)}; "
-            f"valid {section or cls.__name__} keys: {', '.join(sorted(valid))}"
+            f"valid {section or cls.__name__} keys: {', '.join(sorted(valid - unlisted))}"
         )
     values = {key: _coerce(prefix + key, hints[key], value) for key, value in data.items()}
     try:

@@ -7,12 +7,18 @@ import json
 import os
 import subprocess
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
+import torch
+from torch import Tensor, nn
 
+from seqrec.batch import ModelOutput, SeqBatch
 from seqrec.models import ModelConfig, ScoringRecommender, register_model
 from seqrec.registry import Registry
+from seqrec.training.loop import train_one_epoch
 from tests.cli.helpers import SEQREC, cli_env, tiny_raw, write_yaml
 
 PLUGIN = textwrap.dedent(
@@ -159,3 +165,35 @@ def test_register_model_refuses_what_is_no_model_or_has_no_name() -> None:
 
     with pytest.raises(TypeError, match=r"Nameless.config_class has no name; give it name"):
         register_model(Nameless)
+
+
+@pytest.mark.parametrize(
+    ("returns", "message"),
+    [
+        ("tensor", r"last-item-test\.forward returned a Tensor; it must return a seqrec\.batch"),
+        ("vector", r"returned a loss of shape \(2, 3\); it must be a scalar tensor"),
+    ],
+)
+def test_a_forward_that_breaks_the_contract_is_named(returns: str, message: str) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Config(ModelConfig):
+        name: ClassVar[str] = "last-item-test"  # never registered
+
+    class Broken(ScoringRecommender):
+        config_class = Config
+
+        def __init__(self) -> None:
+            super().__init__(Config(num_items=5, max_seq_len=3))
+            self.weight = nn.Parameter(torch.ones(2, 3))
+
+        def forward(self, batch: SeqBatch) -> Any:
+            return self.weight.sum() if returns == "tensor" else ModelOutput(loss=self.weight)
+
+        def score(self, input_ids: Tensor, users: Tensor | None = None) -> Tensor:
+            raise NotImplementedError
+
+    model = Broken()
+    batch = SeqBatch(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[2, 3, 4]]))
+    optimizer = torch.optim.Adam(model.parameters())
+    with pytest.raises((TypeError, ValueError), match=message):
+        train_one_epoch(model, [batch], optimizer, device=torch.device("cpu"))

@@ -151,8 +151,10 @@ def test_unknown_model_name_lists_alternatives() -> None:
 def test_unknown_model_key_lists_valid_keys() -> None:
     with pytest.raises(
         ConfigError, match=r"unknown key\(s\) model.hiden_size; valid .*hidden_size"
-    ):
+    ) as raised:
         build_model_config({"name": "sasrec", "hiden_size": 3}, num_items=NUM_ITEMS)
+    assert "num_items" not in str(raised.value)  # it comes from the data, no config sets it
+    assert "num_users" not in str(raised.value)
 
 
 def test_num_items_comes_from_the_data() -> None:

@@ -178,6 +178,9 @@ def register_model(cls: M) -> M:
     return cls
 
 
+_FROM_THE_DATA = frozenset({"num_items", "num_users"})  # model fields no config sets
+
+
 def build_model_config(
     section: Mapping[str, Any], *, num_items: int, num_users: int = 0
 ) -> ModelConfig:
@@ -188,10 +191,11 @@ def build_model_config(
         cls = MODELS.get(str(name)).config_class
     except KeyError as err:
         raise ConfigError(str(err.args[0])) from None
-    for derived in ("num_items", "num_users"):
+    for derived in _FROM_THE_DATA:
         if derived in values:
             raise ConfigError(f"model.{derived} comes from the data; remove it from the config")
-    return from_dict(cls, {**values, "num_items": num_items, "num_users": num_users}, "model")
+    values.update(num_items=num_items, num_users=num_users)
+    return from_dict(cls, values, "model", unlisted=_FROM_THE_DATA)
 
 
 def build_model(config: ModelConfig) -> SequentialRecommender:

@@ -279,6 +279,7 @@ def _train_batch(
                     f"{model.config.name}.training_updates yielded fewer losses than "
                     f"updates_per_batch = {model.config.updates_per_batch}"
                 )
+            _check_output(model, output)
             n = part.num_targets if output.num_targets is None else output.num_targets
             if backward:
                 torch.autograd.backward(output.loss if alone else output.loss * n)
@@ -291,6 +292,22 @@ def _train_batch(
         step_positions.append(positions)
     totals.loss += sum(step_losses) / len(step_losses)
     totals.positions += sum(step_positions) / len(step_positions)
+
+
+def _check_output(model: SequentialRecommender, output: object) -> None:
+    """What ``forward`` must return, said when it does not (a model of one's own)."""
+    name = model.config.name
+    if not isinstance(output, ModelOutput):
+        raise TypeError(
+            f"{name}.forward returned a {type(output).__name__}; it must return a "
+            "seqrec.batch.ModelOutput whose loss is the training loss"
+        )
+    if not isinstance(output.loss, torch.Tensor) or output.loss.ndim != 0:
+        shape = tuple(output.loss.shape) if isinstance(output.loss, torch.Tensor) else None
+        raise ValueError(
+            f"{name}.forward returned a loss of shape {shape}; it must be a scalar tensor "
+            "(the mean over the positions it trains)"
+        )
 
 
 def log_epoch(row: dict[str, Any]) -> None:
