@@ -887,7 +887,13 @@ def import_plugins(names: Sequence[str]) -> None:
 def _import_file(path: Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is not a file")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    taken = sys.modules.get(path.stem)
+    if taken is not None and getattr(taken, "__file__", None) != str(path.resolve()):
+        raise ImportError(  # it would replace that module for everything that imported it
+            f"a module named {path.stem!r} is imported already ({taken.__name__}); rename "
+            f"{path.name}"
+        )
+    spec = importlib.util.spec_from_file_location(path.stem, path.resolve())
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} cannot be imported as a module")
     module = importlib.util.module_from_spec(spec)

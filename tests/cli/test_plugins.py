@@ -197,3 +197,17 @@ def test_a_forward_that_breaks_the_contract_is_named(returns: str, message: str)
     optimizer = torch.optim.Adam(model.parameters())
     with pytest.raises((TypeError, ValueError), match=message):
         train_one_epoch(model, [batch], optimizer, device=torch.device("cpu"))
+
+
+def test_a_plugin_file_may_not_replace_a_module_already_imported(tmp_path: Path) -> None:
+    shadow = tmp_path / "json.py"  # the CLI has imported the standard json module
+    shadow.write_text("raise SystemExit('imported')\n")
+    done = subprocess.run(
+        [str(SEQREC), "--import", str(shadow), "data", "list"],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "a module named 'json' is imported already (json); rename json.py" in done.stderr

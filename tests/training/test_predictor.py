@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from seqrec.serving.predictor import Predictor, Recommendation
+from seqrec.serving.predictor import Predictor, Recommendation, top_items
 from tests.cli.helpers import tiny_raw, train_isolated
 
 
@@ -141,3 +142,11 @@ def test_a_model_of_training_users_cannot_rank_a_history(tmp_path: Path) -> None
     predictor = Predictor.from_run_dir(run)
     with pytest.raises(ValueError, match="bpr scores each training user by the embedding"):
         predictor.recommend([list(predictor.id_map.items[:2])], k=3)
+
+
+def test_nan_scores_are_an_error_for_histories_and_sessions_alike() -> None:
+    """``top_items`` serves both: a NaN once left its item out, and an all-NaN row empty."""
+    scores = torch.tensor([[0.0, 0.3, float("nan"), 0.1]])
+    with pytest.raises(ValueError, match="the model scored items NaN"):
+        top_items(scores, None, 2)
+    assert top_items(torch.tensor([[0.0, 0.3, 0.2, 0.1]]), None, 2)[0][0] == [1, 2]

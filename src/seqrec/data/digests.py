@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -28,7 +29,8 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 def content_sha256(path: Path, memo_dir: Path | None) -> str:
     """The file's sha256, from ``memo_dir`` when its status is unchanged since it was last
     hashed there (None: hash it and remember nothing)."""
-    memo = memo_dir / _status_key(path) if memo_dir is not None else None
+    status = path.stat()
+    memo = memo_dir / _status_key(path, status) if memo_dir is not None else None
     if memo is not None:
         try:
             remembered = memo.read_text().strip()
@@ -36,9 +38,8 @@ def content_sha256(path: Path, memo_dir: Path | None) -> str:
             remembered = ""
         if _DIGEST.fullmatch(remembered):
             return remembered
-    size = path.stat().st_size
-    if size >= ANNOUNCED_BYTES:
-        logger.info("hashing %s (%.1f GB) to find its prepared data", path, size / 1e9)
+    if status.st_size >= ANNOUNCED_BYTES:
+        logger.info("hashing %s (%.1f GB) to find its prepared data", path, status.st_size / 1e9)
     digest = sha256_file(path)
     if memo is not None:
         try:
@@ -48,7 +49,6 @@ def content_sha256(path: Path, memo_dir: Path | None) -> str:
     return digest
 
 
-def _status_key(path: Path) -> str:
-    status = path.stat()
+def _status_key(path: Path, status: os.stat_result) -> str:
     fields = (path.resolve(), status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino)
     return hashlib.sha256("\0".join(map(str, fields)).encode()).hexdigest()[:32]

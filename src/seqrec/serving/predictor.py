@@ -161,11 +161,6 @@ class Predictor:
             return [([i for i in row.tolist() if i != PAD_ID], None) for row in top]
         scores = model.score(input_ids).float().cpu()
         check_output_shape(model, "score", scores, (rows, model.config.num_items + 1), "(B, N + 1)")
-        if scores.isnan().any():
-            raise ValueError(
-                f"{model.config.name} scored items NaN (its weights or a sum overflowed): it "
-                "cannot rank them"
-            )
         return top_items(scores, histories if exclude_seen else None, k)
 
 
@@ -185,7 +180,11 @@ def top_items(
 ) -> list[tuple[list[int], list[float] | None]]:
     """(B, N + 1) scores (changed in place) -> per row the top-k internal ids and scores,
     never PAD_ID nor, given ``seen`` (one array per row), an item seen; fewer than k when
-    fewer remain."""
+    fewer remain. A NaN score is an error, not an item left out."""
+    if scores.isnan().any():
+        raise ValueError(
+            "the model scored items NaN (its weights or a sum overflowed): it cannot rank them"
+        )
     scores[:, PAD_ID] = float("-inf")
     if seen is not None:
         rows = np.repeat(np.arange(len(seen)), [len(ids) for ids in seen])
