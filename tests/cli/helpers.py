@@ -111,13 +111,15 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_seqrec(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_seqrec(
+    *args: str | Path, cwd: Path | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``seqrec ARGS`` in a subprocess; its exit code, stdout and stderr."""
     assert SEQREC.is_file(), f"the seqrec console script is not installed at {SEQREC}"
     return subprocess.run(
         [str(SEQREC), *map(str, args)],
         cwd=cwd,
-        env=cli_env(),
+        env={**cli_env(), **(extra_env or {})},
         capture_output=True,
         text=True,
         timeout=300,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from seqrec.batch import ModelOutput, SeqBatch
 from seqrec.models import ModelConfig, ScoringRecommender, register_model
 from seqrec.registry import Registry
 from seqrec.training.loop import train_one_epoch
-from tests.cli.helpers import SEQREC, cli_env, tiny_raw, write_yaml
+from tests.cli.helpers import run_seqrec, tiny_raw, write_yaml
 
 PLUGIN = textwrap.dedent(
     """
@@ -60,14 +59,7 @@ PLUGIN = textwrap.dedent(
 
 
 def seqrec(*args: str, cwd: Path, extra_env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        [str(SEQREC), *args],
-        cwd=cwd,
-        env={**cli_env(), **(extra_env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_seqrec(*args, cwd=cwd, extra_env=extra_env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -112,25 +104,13 @@ def test_a_model_of_ones_own_trains_evaluates_and_recommends(tmp_path: Path) -> 
 
 def test_without_the_import_the_error_says_how(tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "c.yaml", tiny_raw(model={"name": "test-plugin-last-item"}))
-    done = subprocess.run(
-        [str(SEQREC), "train", "--config", str(config), "--out", str(tmp_path / "run")],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_seqrec("train", "--config", config, "--out", tmp_path / "run")
     assert done.returncode == 2
     assert "unknown model 'test-plugin-last-item'" in done.stderr
     assert "seqrec --import MODULE_OR_FILE or SEQREC_IMPORT" in done.stderr
     broken = tmp_path / "broken.py"
     broken.write_text("raise RuntimeError('no GPU here')\n")
-    done = subprocess.run(
-        [str(SEQREC), "--import", str(broken), "data", "list"],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_seqrec("--import", broken, "data", "list")
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: --import {broken}: RuntimeError: no GPU here"
     assert not os.path.exists(tmp_path / "run")
@@ -202,12 +182,6 @@ def test_a_forward_that_breaks_the_contract_is_named(returns: str, message: str)
 def test_a_plugin_file_may_not_replace_a_module_already_imported(tmp_path: Path) -> None:
     shadow = tmp_path / "json.py"  # the CLI has imported the standard json module
     shadow.write_text("raise SystemExit('imported')\n")
-    done = subprocess.run(
-        [str(SEQREC), "--import", str(shadow), "data", "list"],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_seqrec("--import", shadow, "data", "list")
     assert done.returncode == 2
     assert "a module named 'json' is imported already (json); rename json.py" in done.stderr
