@@ -21,9 +21,16 @@ PROTOCOLS = ("sampled", "full")
 
 
 def train_and_evaluate(
-    name: str, out: Path, data_dir: str | None, overrides: list[str]
+    name: str,
+    out: Path,
+    data_dir: str | None,
+    overrides: list[str],
+    filter_seen: bool | None = True,
 ) -> list[dict[str, Any]]:
-    """Rows (one per protocol) for ``configs/<name>.yaml`` trained into ``out/<name>``."""
+    """Rows (one per protocol) for ``configs/<name>.yaml`` trained into ``out/<name>``.
+
+    ``filter_seen`` None keeps the config's own policy, which a reproduction follows where the
+    paper ranked seen items too (RecBole's sequential models)."""
     config = experiment_from_raw(load_raw(REPO / "configs" / f"{name}.yaml", overrides))
     run_dir = out / name
     outcome = train_experiment(config, run_dir, data_dir=data_dir, resume=True)
@@ -33,7 +40,8 @@ def train_and_evaluate(
     set_flags = "".join(f" --set {o}" for o in overrides if not o.startswith("train.progress"))
     rows = []
     for protocol in PROTOCOLS:
-        eval_config = dataclasses.replace(config.eval, protocol=protocol, filter_seen=True)
+        filtered = config.eval.filter_seen if filter_seen is None else filter_seen
+        eval_config = dataclasses.replace(config.eval, protocol=protocol, filter_seen=filtered)
         if eval_config == config.eval:
             result = outcome.test
         else:
@@ -44,6 +52,7 @@ def train_and_evaluate(
                 "model": config.model.get("name", "sasrec"),
                 "dataset": outcome.data.name,
                 "protocol": protocol,
+                "filter_seen": filtered,
                 "HR@10": result.metrics["HR@10"],
                 "NDCG@10": result.metrics["NDCG@10"],
                 "NDCG@10_ci95": result.ci95["NDCG@10"],
@@ -55,7 +64,8 @@ def train_and_evaluate(
                 "users": result.num_users,
                 "command": (
                     f"seqrec train --config configs/{name}.yaml{set_flags} --out {run_dir} && "
-                    f"seqrec evaluate {run_dir} --protocol {protocol} --filter-seen"
+                    f"seqrec evaluate {run_dir} --protocol {protocol} "
+                    f"--{'' if filtered else 'no-'}filter-seen"
                 ),
             }
         )

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, SeqBatch
+from seqrec.config import ConfigError
 from seqrec.models.sasrec import Block, SASRec, SASRecConfig, SelfAttention
 from seqrec.nn.masks import padding_bias
 from tests.tiny import NUM_ITEMS, NUM_USERS, B, L
@@ -215,6 +216,35 @@ def test_init_std_draws_every_matrix_from_that_normal() -> None:
             rows = (weight[1:] if name.startswith("item_emb") else weight).detach()
             assert abs(float(rows.std()) - 0.02) < 0.004, name
     assert float(model.item_emb.weight[PAD_ID].detach().abs().sum()) == 0.0
+
+
+def test_qkv_init_xavier_uniform_reaches_only_the_fused_projection() -> None:
+    model = build(init_std=0.02, qkv_init="xavier_uniform", hidden_size=64, num_heads=1)
+    bound = (6 / (64 + 3 * 64)) ** 0.5  # Xavier-uniform over the (3D, D) matrix
+    for block in model.blocks:
+        qkv = block.attn.qkv.weight.detach()
+        assert float(qkv.abs().max()) <= bound
+        assert abs(float(qkv.std()) - bound / 3**0.5) < 0.01
+        assert float(block.attn.qkv.bias.detach().abs().sum()) == 0.0
+        assert abs(float(block.attn.proj.weight.detach().std()) - 0.02) < 0.004
+    assert abs(float(model.item_emb.weight[1:].detach().std()) - 0.02) < 0.004
+
+
+def test_torch_init_keeps_pytorchs_defaults_and_excludes_init_std() -> None:
+    model = build(init="torch", hidden_size=64, num_heads=1, shared_embedding=False)
+    for embedding in (model.item_emb, model.out_emb, model.pos_emb):
+        assert embedding is not None
+        rows = embedding.weight[1:] if embedding.padding_idx is not None else embedding.weight
+        assert abs(float(rows.detach().std()) - 1.0) < 0.05
+    for embedding in (model.item_emb, model.out_emb):
+        assert float(embedding.weight[PAD_ID].detach().abs().sum()) == 0.0  # type: ignore[union-attr]
+    bound = 1 / 64**0.5  # nn.Linear's default: uniform in +-1/sqrt(fan_in), bias included
+    qkv = model.blocks[0].attn.qkv
+    assert float(qkv.weight.detach().abs().max()) <= bound
+    assert abs(float(qkv.weight.detach().std()) - bound / 3**0.5) < 0.01
+    assert 0.0 < float(qkv.bias.detach().abs().max()) <= bound
+    with pytest.raises(ConfigError, match="replaces model.init"):
+        dataclasses.replace(CONFIG, init="torch", init_std=0.02)
 
 
 def reference_layout_by_hand(

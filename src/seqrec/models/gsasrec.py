@@ -25,21 +25,25 @@ Differences from the reference code, all deliberate:
   another item of the history; a negative equal to the target is ignored here in any case.
 - The loss is the mean over positions of beta * softplus(-s+) + sum_j softplus(s_j); the
   reference divides the same sum by positions * (k + 1), a constant factor Adam is all but
-  invariant to. alpha = k / (N - 1), where the reference has k / (N - 2) (its pool size is
-  N - 1 and it subtracts one again). The loss is computed in float32, not float64: the
-  softplus form is stable without it.
-- Padded keys are masked out of attention, as in every SASRec of the library.
-- The FFN keeps SASRec's ReLU and the attention SASRec's output projection W^O (see
-  ``seqrec.models.sasrec``). The PyTorch port has neither: no activation between its FFN's
-  two layers (its TensorFlow original, built on kang205's code, has ReLU) and no W^O, as
-  kang205. ``activation: identity`` and ``attention_projection: false`` give its network;
-  the ML-1M results in docs/results/baselines.md were measured with the defaults.
-- Weights start from SASRec's Xavier-normal initialisation, not PyTorch's defaults.
-- An epoch is one pass over the users. The reference calls 100 batches an epoch, validates
-  on 512 users after each and stops after 200 such validations without improvement.
-- The split (the data pipeline's, not this model's): leave-one-out holds every user's
-  second-to-last item out of training for validation. The reference's pre-split ML-1M holds it
-  out for its 512 validation users only; the other 5,528 train on it.
+  invariant to, and computes it in float64 with sigma(s+) clamped to [1e-10, 1 - 1e-10] (no
+  gradient for |s+| > 23); the softplus form is stable in float32 without either.
+  alpha = k / (N - 1), as the port's README and the later versions of its training script;
+  its first version had k / (N - 2).
+- Padded keys are masked out of attention, as in every SASRec of the library (the reference
+  masks keys whose vector is all zeros, which padding is: the same).
+- The attention keeps SASRec's output projection W^O by default; the port has none, as
+  kang205 (``attention_projection: false``). Its FFN has ReLU, as SASRec's (the port's first
+  version had no activation there; ``activation: identity`` gives that network).
+- Weights start from SASRec's Xavier-normal initialisation by default. The port calls no
+  initialiser, so PyTorch's defaults hold there: embeddings N(0, 1) (40x SASRec's scale at
+  d = 128) and linear layers uniform in +-1/sqrt(d), biases included (``init: torch``).
+- An epoch is one pass over the users, as in the reference on ML-1M (its epoch is 100
+  batches or one pass, whichever is shorter: 48 batches of 128 users). It validates on 512
+  users after each and stops after 200 epochs without improvement.
+- The split (the data pipeline's, not this model's): leave-one-out trains every user's items
+  but the last two and validates on every user's second-to-last item. The reference trains
+  the same items except for its 512 validation users, whose third-to-last item it holds out
+  too, and validates on those 512 only.
 """
 
 from __future__ import annotations

@@ -27,7 +27,12 @@ Differences from the reference implementation, all deliberate:
   state. Scores therefore do not depend on how much padding a batch has.
 - The loss is full softmax cross-entropy at every real position of a history (seqrec's
   training batches), not only at the last position of every prefix (RecBole's data
-  augmentation): the same targets, seen in one pass.
+  augmentation): the same targets, seen in one pass. With ``train.windows: all`` a long
+  history trains in consecutive windows of max_seq_len items, so a target early in a window
+  sees fewer items before it than RecBole's prefix, which always holds the max_seq_len before.
+- Evaluation is the library's; the ML-1M configs rank seen items too
+  (``eval.filter_seen: false``), as RecBole's full sort does for sequential models, which
+  produced the paper's numbers.
 - The padding row of the item embedding is zero (the reference's init overwrites it; with
   right padding it never reaches an output).
 - The selective scan runs on CPU too: ``scan: auto`` takes the mamba-ssm kernel on CUDA

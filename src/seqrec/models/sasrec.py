@@ -21,7 +21,9 @@ sublayer's output, as BERT and RecBole). The FFN's activation is
 ``activation`` (ReLU in the paper, GELU in RecBole). The SASRec+ configs (Klenitskiy &
 Vasilev 2023) use the reference layout and placement, N(0, 0.02) initialisation
 (``init_std``), positions counted from the oldest item of the window (``position_origin:
-oldest``), as their code does.
+oldest``), as their code does; that code's initialisation misses the fused W^Q, W^K, W^V of
+its nn.MultiheadAttention, which keeps PyTorch's Xavier-uniform (``qkv_init:
+xavier_uniform``).
 
 Differences from the reference implementation, all deliberate:
 - Padded keys are masked out of attention (the reference only zeroes padded embeddings, so
@@ -96,9 +98,17 @@ class SASRecConfig(ItemLossConfig):
     # Position 0 is the oldest item of the (up to max_seq_len) window ("oldest", SASRec+'s
     # right padding) or the newest item is always max_seq_len - 1 ("newest", the reference).
     position_origin: Literal["newest", "oldest"] = "newest"
-    # None: Xavier-normal weights (the reference); a number: N(0, init_std) for every matrix
-    # and embedding (SASRec+, RecBole, Hugging Face).
+    # How weights start: "xavier_normal" for every matrix and embedding (the reference) or
+    # "torch", PyTorch's own defaults, which gSASRec's port keeps (embeddings N(0, 1), linear
+    # weights and biases uniform in +-1/sqrt(fan_in)). The padding row is zero in both.
+    init: Literal["xavier_normal", "torch"] = "xavier_normal"
+    # A number replaces ``init`` with N(0, init_std) for every matrix and embedding (SASRec+,
+    # RecBole, Hugging Face); linear biases start at zero.
     init_std: float | None = None
+    # None: W^Q, W^K, W^V start as every other matrix; "xavier_uniform": Xavier-uniform over
+    # the fused (3D, D) matrix, as nn.MultiheadAttention's in_proj_weight in SASRec+'s code,
+    # which that code's N(0, 0.02) initialisation does not reach.
+    qkv_init: Literal["xavier_uniform"] | None = None
     positional_embedding: bool = True
     shared_embedding: bool = True  # False: a second item matrix N scores the output
     residual: bool = True
@@ -119,6 +129,11 @@ class SASRecConfig(ItemLossConfig):
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
         check_float("model.init_std", self.init_std, above=0.0, nullable=True)
+        if self.init_std is not None and self.init != "xavier_normal":
+            raise ConfigError(
+                f"model.init_std {self.init_std} replaces model.init; set one of them, not "
+                f"both (model.init is {self.init!r})"
+            )
 
 
 class SelfAttention(nn.Module):
@@ -354,8 +369,9 @@ class SASRec(ScoringRecommender):
 
     def _init_weights(self, module: nn.Module) -> None:
         # Xavier-normal for matrices as in the reference (pmixer: xavier_normal_ on every
-        # weight) or N(0, init_std); LayerNorm keeps its ones/zeros; the padding row stays zero.
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        # weight), N(0, init_std) or PyTorch's defaults as built; LayerNorm keeps its
+        # ones/zeros; the padding row stays zero.
+        if isinstance(module, (nn.Linear, nn.Embedding)) and self.config.init != "torch":
             if self.config.init_std is None:
                 nn.init.xavier_normal_(module.weight)
             else:
@@ -365,6 +381,8 @@ class SASRec(ScoringRecommender):
             if isinstance(module, nn.Embedding) and module.padding_idx is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
+        if isinstance(module, SelfAttention) and self.config.qkv_init == "xavier_uniform":
+            nn.init.xavier_uniform_(module.qkv.weight)
 
     @property
     def uses_users(self) -> bool:
