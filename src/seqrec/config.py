@@ -157,6 +157,12 @@ class TrainConfig:
     # oldest targets see only the items of their own row. Models that train on prefix
     # examples use every target already and refuse it.
     windows: TrainWindows = "last"
+    # With windows "all": a window ends every window_stride targets and trains only its
+    # newest window_stride, so each target still trains once but after at least
+    # max_seq_len - window_stride items of its history (RecBole's prefix examples see
+    # max_seq_len), for about max_seq_len / window_stride times the positions computed.
+    # None: consecutive windows (window_stride = max_seq_len).
+    window_stride: int | None = None
     max_epochs: int = 200
     patience: int = 20  # epochs without improvement of `monitor` before stopping
     monitor: str = "NDCG@10"  # a validation metric, spelled as in the results table
@@ -200,6 +206,14 @@ class TrainConfig:
             )
         if self.eval_every < 1:
             raise ConfigError(f"train.eval_every must be >= 1, got {self.eval_every}")
+        if self.window_stride is not None:
+            if self.window_stride < 1:
+                raise ConfigError(f"train.window_stride must be >= 1, got {self.window_stride}")
+            if self.windows != "all":
+                raise ConfigError(
+                    f"train.window_stride cuts the windows of train.windows: all; "
+                    f"train.windows is {self.windows!r}"
+                )
         check_float(
             "train.grad_clip", self.grad_clip, above=0, nullable=True, null_means="for no clipping"
         )

@@ -321,6 +321,63 @@ def test_all_windows_carry_negatives_and_same_target_rows_of_their_user() -> Non
         assert batch.same_target_ids.shape[0] == batch.input_ids.shape[0]
 
 
+def strided_histories(max_seq_len: int, stride: int | None) -> dict[int, list[int]]:
+    """Label -> the real inputs up to its position, for one user whose items are 1..12."""
+    batches = TrainBatches(
+        Sequences.from_lists([list(range(1, 13))]),
+        np.zeros(1, dtype=np.int64),
+        12,
+        max_seq_len,
+        batch_size=2,
+        windows="all",
+        window_stride=stride,
+    )
+    seen: dict[int, list[int]] = {}
+    for batch in batches.epoch(np.random.default_rng(0)):
+        assert batch.labels is not None
+        for inputs, labels in zip(batch.input_ids.tolist(), batch.labels.tolist(), strict=True):
+            for column, label in enumerate(labels):
+                if label != PAD_ID:
+                    assert label not in seen  # each target once
+                    seen[label] = [i for i in inputs[: column + 1] if i != PAD_ID]
+    assert sorted(seen) == list(range(2, 13))
+    assert batches.num_targets == 11
+    return seen
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3, 4])
+def test_strided_windows_train_each_target_once_after_most_of_its_history(stride: int) -> None:
+    max_seq_len = 4
+    for label, history in strided_histories(max_seq_len, stride).items():
+        before = label - 1  # items 1 .. label - 1 precede it
+        assert history == list(range(label - len(history), label))  # its own newest items
+        assert min(before, max_seq_len - stride + 1) <= len(history) <= min(before, max_seq_len)
+        if stride == 1:  # every target sees what an example of its prefix would
+            assert len(history) == min(before, max_seq_len)
+
+
+def test_a_stride_of_max_seq_len_is_consecutive_windows() -> None:
+    assert strided_histories(4, 4) == strided_histories(4, None)
+    consecutive = strided_histories(4, None)
+    assert any(len(h) < min(label - 1, 4) for label, h in consecutive.items())  # what it fixes
+
+
+@pytest.mark.parametrize(("windows", "stride"), [("last", 2), ("all", 0), ("all", 5)])
+def test_a_window_stride_needs_all_windows_and_at_most_max_seq_len(
+    windows: str, stride: int
+) -> None:
+    with pytest.raises(ValueError, match="window_stride"):
+        TrainBatches(
+            Sequences.from_lists(ROWS),
+            np.zeros(len(ROWS), dtype=np.int64),
+            NUM_ITEMS,
+            4,
+            batch_size=2,
+            windows=windows,  # type: ignore[arg-type]
+            window_stride=stride,
+        )
+
+
 def test_prefix_examples_refuse_all_windows() -> None:
     with pytest.raises(ValueError, match="every target already"):
         windowed(max_seq_len=2, needs=BatchNeeds(prefix_examples=True))

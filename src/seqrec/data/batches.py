@@ -52,20 +52,30 @@ def left_padded(
     return np.where(real, sequences.items[index], PAD_ID).astype(np.int64)
 
 
-def training_windows(sequences: Sequences, max_len: int) -> tuple[IntArray, IntArray]:
-    """Every training target of every sequence in consecutive windows of at most ``max_len``
-    targets, cut from the newest item back: (sequence, exclusive end in ``items``) per window.
+def training_windows(
+    sequences: Sequences, max_len: int, stride: int | None = None
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Every training target of every sequence in windows of at most ``max_len`` targets,
+    cut from the newest item back: (sequence, exclusive end in ``items``, targets trained) per
+    window.
 
     A window ending at e holds targets e - max_len .. e - 1 (not before the sequence's
-    second item) and their inputs, the item before each: the windows of a sequence overlap
-    by one item and hold each target once. Sequences of fewer than 2 items have none.
+    second item) and their inputs, the item before each. Consecutive windows (``stride``
+    None) overlap by one item and train all their targets, each target once. With ``stride``
+    s < max_len a window ends every s targets and trains only its newest s (the oldest window
+    what is left): each target is still trained once, now after at least max_len - s items of
+    its history where the sequence has them, as an example of every prefix would see them
+    (RecBole's data augmentation), at about max_len / s times the positions computed.
+    Sequences of fewer than 2 items have none.
     """
+    step = max_len if stride is None else stride
     targets = np.maximum(sequences.lengths - 1, 0)
-    counts = -(-targets // max_len)
+    counts = -(-targets // step)
     seqs = np.repeat(np.arange(len(targets)), counts)
     first = np.cumsum(counts) - counts  # each sequence's first window
     back = np.arange(len(seqs)) - np.repeat(first, counts)  # 0 = the newest window
-    return seqs, sequences.offsets[seqs + 1] - back * max_len
+    trained = np.minimum(targets[seqs] - back * step, step)
+    return seqs, sequences.offsets[seqs + 1] - back * step, trained
 
 
 class SeenIndex:
@@ -232,6 +242,9 @@ class TrainBatches:
     batching: Batching = "random"
     parts: int = 1  # each batch trained in this many length-sorted parts (see ``steps``)
     windows: TrainWindows = "last"
+    # With windows="all": a window every ``window_stride`` targets, each training its newest
+    # window_stride (``training_windows``); None = consecutive windows of max_seq_len.
+    window_stride: int | None = None
     rank: int = 0
     world_size: int = 1
     # Every rank must have rows in every step (a loss that gathers rows over the ranks): a
@@ -246,6 +259,13 @@ class TrainBatches:
         needs = self.needs
         if needs.prefix_examples and self.windows != "last":
             raise ValueError("prefix examples train on every target already; use windows='last'")
+        if self.window_stride is not None and (
+            self.windows != "all" or not 1 <= self.window_stride <= self.max_seq_len
+        ):
+            raise ValueError(
+                f"window_stride {self.window_stride} needs windows='all' and a value in "
+                f"1..max_seq_len ({self.max_seq_len})"
+            )
         window_size = self.max_seq_len + 1  # a row's inputs and its newest label
         if needs.negative_sampler == "distinct" and needs.num_negatives > (
             self.num_items - window_size
@@ -258,11 +278,15 @@ class TrainBatches:
         lengths = self.sequences.lengths
         # Without prefix examples a row r is the window of ``items`` before the exclusive end
         # _window_end[r] of sequence _window_seq[r]; with windows="last" r is the sequence.
+        # Row r trains its newest _window_trained[r] targets.
         self._window_seq = np.arange(len(lengths))
         self._window_end = self.sequences.offsets[1:]
+        self._window_trained = np.minimum(np.maximum(lengths - 1, 0), self.max_seq_len)
         self._rows = np.flatnonzero(lengths >= 2)
         if self.windows == "all":
-            self._window_seq, self._window_end = training_windows(self.sequences, self.max_seq_len)
+            self._window_seq, self._window_end, self._window_trained = training_windows(
+                self.sequences, self.max_seq_len, self.window_stride
+            )
             self._rows = np.arange(len(self._window_seq))
         self._row_of = np.repeat(np.arange(len(lengths)), lengths)
         if needs.prefix_examples:  # an example is the index in ``items`` of its target
@@ -300,8 +324,7 @@ class TrainBatches:
         """Positions with a loss per epoch (the paper's unit of an epoch)."""
         if self.needs.prefix_examples:
             return len(self._rows)
-        seqs, ends = self._window_seq[self._rows], self._window_end[self._rows]
-        return int(np.minimum(ends - 1 - self.sequences.offsets[seqs], self.max_seq_len).sum())
+        return int(self._window_trained[self._rows].sum())
 
     def epoch(self, rng: np.random.Generator) -> Iterator[SeqBatch]:
         """The epoch's batches (the parts of each step in turn, when ``parts`` > 1)."""
@@ -362,6 +385,9 @@ class TrainBatches:
         items = self.sequences.items
         inputs = np.where(real, items[index], PAD_ID).astype(np.int64)  # (B, L)
         labels = np.where(real, items[index + 1], PAD_ID).astype(np.int64)  # next items
+        if self.window_stride is not None:  # older targets train in their own windows
+            older = np.arange(labels.shape[1]) < labels.shape[1] - self._window_trained[rows, None]
+            labels[older] = PAD_ID
         return SeqBatch(
             input_ids=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),

@@ -63,6 +63,7 @@ from seqrec.nn.masks import padding_bias
 @dataclass(frozen=True, kw_only=True)
 class BERT4RecConfig(ItemLossConfig):
     name: ClassVar[str] = "bert4rec"
+    targets_from_labels: ClassVar[bool] = False  # its cloze masks the inputs
     max_seq_len: int = 200  # N: 200 on ML-1M, 50 on Beauty (paper); [MASK] included
     hidden_size: int = 64  # d (paper: 2 heads of 32)
     num_layers: int = 2

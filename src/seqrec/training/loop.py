@@ -104,6 +104,18 @@ def check_trainer_config(
             f"{model.config.name} with these settings trains on one example per target, "
             "which uses every target already: use train.windows: last"
         )
+    stride = config.train.window_stride
+    if stride is not None and stride > model.config.max_seq_len:
+        raise ConfigError(
+            f"train.window_stride {stride} is above model.max_seq_len "
+            f"{model.config.max_seq_len}, the most targets a window holds"
+        )
+    if stride is not None and not model.config.targets_from_labels:
+        raise ConfigError(
+            f"train.window_stride trains each window's older targets elsewhere; "
+            f"{model.config.name} builds its targets from the inputs and would train them "
+            "again: leave train.window_stride unset"
+        )
     if config.train.batch_parts > 1 and not model.config.loss_splits_by_rows:
         raise ConfigError(
             f"train.batch_parts needs a loss that splits by rows, which {model.config.name} "
@@ -395,6 +407,7 @@ class Trainer:
             batching=config.train.batching,
             parts=config.train.batch_parts,
             windows=config.train.windows,
+            window_stride=config.train.window_stride,
             rank=group.rank,
             world_size=group.world_size,
             rows_on_every_rank=model.config.loss_gathers_rows,
