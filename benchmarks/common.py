@@ -40,7 +40,10 @@ def train_and_evaluate(
     set_flags = "".join(f" --set {o}" for o in overrides if not o.startswith("train.progress"))
     rows = []
     for protocol in PROTOCOLS:
-        filtered = config.eval.filter_seen if filter_seen is None else filter_seen
+        # The sampled protocol draws its negatives among unseen items: no policy to follow.
+        filtered = protocol == "sampled" or (
+            config.eval.filter_seen if filter_seen is None else filter_seen
+        )
         eval_config = dataclasses.replace(config.eval, protocol=protocol, filter_seen=filtered)
         if eval_config == config.eval:
             result = outcome.test

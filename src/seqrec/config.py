@@ -36,7 +36,7 @@ SplitChoice = Literal["valid", "test"]
 # less (faster on CPU), at the price of batches whose examples are alike in length.
 Batching = Literal["random", "length_buckets"]
 # Which part of a user's training sequence trains: its newest max_seq_len items (the SASRec
-# papers' protocol), or all of it, cut into consecutive windows of max_seq_len targets.
+# papers' protocol), or all of it, cut into windows of max_seq_len targets (train.window_stride).
 TrainWindows = Literal["last", "all"]
 
 
@@ -159,9 +159,9 @@ class TrainConfig:
     windows: TrainWindows = "last"
     # With windows "all": a window ends every window_stride targets and trains only its
     # newest window_stride, so each target still trains once but after at least
-    # max_seq_len - window_stride items of its history (RecBole's prefix examples see
-    # max_seq_len), for about max_seq_len / window_stride times the positions computed.
-    # None: consecutive windows (window_stride = max_seq_len).
+    # max_seq_len - window_stride + 1 items of its history where it has them (1: all of the
+    # max_seq_len that RecBole's prefix examples see), for about max_seq_len / window_stride
+    # times the positions computed. None: consecutive windows (window_stride = max_seq_len).
     window_stride: int | None = None
     max_epochs: int = 200
     patience: int = 20  # epochs without improvement of `monitor` before stopping

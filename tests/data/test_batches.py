@@ -321,34 +321,52 @@ def test_all_windows_carry_negatives_and_same_target_rows_of_their_user() -> Non
         assert batch.same_target_ids.shape[0] == batch.input_ids.shape[0]
 
 
-def strided_histories(max_seq_len: int, stride: int | None) -> dict[int, list[int]]:
-    """Label -> the real inputs up to its position, for one user whose items are 1..12."""
-    batches = TrainBatches(
-        Sequences.from_lists([list(range(1, 13))]),
-        np.zeros(1, dtype=np.int64),
-        12,
-        max_seq_len,
-        batch_size=2,
-        windows="all",
-        window_stride=stride,
-    )
+def strided_histories(
+    max_seq_len: int, stride: int | None, parts: int = 1, world_size: int = 1
+) -> dict[int, list[int]]:
+    """Label -> the real inputs up to its position, for one user whose items are 1..12, over
+    every rank's parts; per-position negatives must be drawn exactly at labelled cells."""
     seen: dict[int, list[int]] = {}
-    for batch in batches.epoch(np.random.default_rng(0)):
-        assert batch.labels is not None
-        for inputs, labels in zip(batch.input_ids.tolist(), batch.labels.tolist(), strict=True):
-            for column, label in enumerate(labels):
-                if label != PAD_ID:
-                    assert label not in seen  # each target once
-                    seen[label] = [i for i in inputs[: column + 1] if i != PAD_ID]
+    for rank in range(world_size):
+        batches = TrainBatches(
+            Sequences.from_lists([list(range(1, 13))]),
+            np.zeros(1, dtype=np.int64),
+            20,  # items 13..20 are never seen: the negatives
+            max_seq_len,
+            batch_size=4,
+            needs=BatchNeeds(num_negatives=2),
+            parts=parts,
+            windows="all",
+            window_stride=stride,
+            rank=rank,
+            world_size=world_size,
+        )
+        assert batches.num_targets == 11
+        for step in batches.steps(np.random.default_rng(0)):
+            for batch in step:
+                assert batch.labels is not None
+                assert batch.negatives is not None
+                labelled = batch.labels != PAD_ID
+                assert bool((batch.negatives[labelled] > 12).all())
+                assert bool((batch.negatives[~labelled] == PAD_ID).all())
+                for inputs, labels in zip(
+                    batch.input_ids.tolist(), batch.labels.tolist(), strict=True
+                ):
+                    for column, label in enumerate(labels):
+                        if label != PAD_ID:
+                            assert label not in seen  # each target once
+                            seen[label] = [i for i in inputs[: column + 1] if i != PAD_ID]
     assert sorted(seen) == list(range(2, 13))
-    assert batches.num_targets == 11
     return seen
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3, 4])
-def test_strided_windows_train_each_target_once_after_most_of_its_history(stride: int) -> None:
+@pytest.mark.parametrize(("parts", "world_size"), [(1, 1), (2, 1), (1, 2)])
+def test_strided_windows_train_each_target_once_after_most_of_its_history(
+    stride: int, parts: int, world_size: int
+) -> None:
     max_seq_len = 4
-    for label, history in strided_histories(max_seq_len, stride).items():
+    for label, history in strided_histories(max_seq_len, stride, parts, world_size).items():
         before = label - 1  # items 1 .. label - 1 precede it
         assert history == list(range(label - len(history), label))  # its own newest items
         assert min(before, max_seq_len - stride + 1) <= len(history) <= min(before, max_seq_len)

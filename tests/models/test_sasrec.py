@@ -236,8 +236,9 @@ def test_torch_init_keeps_pytorchs_defaults_and_excludes_init_std() -> None:
         assert embedding is not None
         rows = embedding.weight[1:] if embedding.padding_idx is not None else embedding.weight
         assert abs(float(rows.detach().std()) - 1.0) < 0.05
-    for embedding in (model.item_emb, model.out_emb):
-        assert float(embedding.weight[PAD_ID].detach().abs().sum()) == 0.0  # type: ignore[union-attr]
+    assert model.out_emb is not None
+    for padded in (model.item_emb, model.out_emb):
+        assert float(padded.weight[PAD_ID].detach().abs().sum()) == 0.0
     bound = 1 / 64**0.5  # nn.Linear's default: uniform in +-1/sqrt(fan_in), bias included
     qkv = model.blocks[0].attn.qkv
     assert float(qkv.weight.detach().abs().max()) <= bound

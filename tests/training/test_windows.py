@@ -59,7 +59,12 @@ def test_a_window_stride_trains_and_changes_the_training(tmp_path: Path) -> None
         (
             {"name": "bert4rec", "hidden_size": 16, "num_heads": 1},
             {"windows": "all", "window_stride": 2},
-            "bert4rec builds its targets from the inputs",
+            "bert4rec makes targets of its inputs",
+        ),
+        (
+            {"name": "bpr", "hidden_size": 16},
+            {"windows": "all", "window_stride": 2},
+            "bpr makes targets of its inputs",
         ),
     ],
 )

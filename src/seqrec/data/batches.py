@@ -63,9 +63,9 @@ def training_windows(
     second item) and their inputs, the item before each. Consecutive windows (``stride``
     None) overlap by one item and train all their targets, each target once. With ``stride``
     s < max_len a window ends every s targets and trains only its newest s (the oldest window
-    what is left): each target is still trained once, now after at least max_len - s items of
-    its history where the sequence has them, as an example of every prefix would see them
-    (RecBole's data augmentation), at about max_len / s times the positions computed.
+    trains the rest): each target is still trained once, now after at least max_len - s + 1
+    items of its history where the sequence has them (s = 1: the history of RecBole's example
+    per prefix), at about max_len / s times the positions computed.
     Sequences of fewer than 2 items have none.
     """
     step = max_len if stride is None else stride
@@ -207,9 +207,9 @@ class TrainBatches:
     """Next-item training batches: input = row[:-1], labels = row[1:], last max_seq_len kept.
 
     A row is a user's newest max_seq_len + 1 items, or with ``windows="all"`` one of the
-    consecutive windows that together hold every training target of the user once
-    (``training_windows``). Each epoch shuffles the rows into batches; a batch pads only to
-    its own longest sequence.
+    windows that together train every training target of the user once (``training_windows``,
+    consecutive or every ``window_stride`` targets). Each epoch shuffles the rows into
+    batches; a batch pads only to its own longest sequence.
     With ``batching="length_buckets"`` the users are sorted by length within buckets of 50
     batches first and the batch order is shuffled, which cuts padding but makes each batch's
     histories alike in length, and a batch of short histories weighs each of its positions
@@ -428,10 +428,13 @@ class TrainBatches:
             return torch.from_numpy(
                 sample_negatives(rows, (S,), self._seen, self.num_items, rng, draw=self._draw)
             )
-        neg = sample_negatives(
-            rows, (labels.shape[1], S), self._seen, self.num_items, rng, draw=self._draw
+        labelled = labels != PAD_ID  # only these cells are drawn for (strided windows: few)
+        neg = np.full((*labels.shape, S), PAD_ID, dtype=np.int64)
+        per_cell = np.repeat(rows, labelled.sum(axis=1))
+        neg[labelled] = sample_negatives(
+            per_cell, (S,), self._seen, self.num_items, rng, draw=self._draw
         )
-        return torch.from_numpy(np.where((labels != PAD_ID)[..., None], neg, PAD_ID))
+        return torch.from_numpy(neg)
 
     def _same_target_histories(
         self, last: IntArray, rng: np.random.Generator

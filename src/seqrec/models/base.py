@@ -30,9 +30,9 @@ class ModelConfig:
     # Generative models whose items are semantic IDs: training fits (or loads) them from the
     # experiment's tokenizer section and hands them to ``set_semantic_ids``.
     uses_semantic_ids: ClassVar[bool] = False
-    # The loss is taken exactly where ``SeqBatch.labels`` is not PAD_ID. False for a model
-    # that builds its own targets from the inputs (BERT4Rec's cloze), which strided training
-    # windows (``train.window_stride``), whose older labels are PAD_ID, would train again.
+    # Every target the loss trains is a non-PAD label of ``SeqBatch.labels``; none comes from
+    # the inputs. False for BERT4Rec's cloze and BPR-MF's positives, which strided training
+    # windows (``train.window_stride``, older labels PAD_ID) would train again.
     targets_from_labels: ClassVar[bool] = True
     num_items: int  # catalogue size N; item ids are 1..N, 0 is padding
     num_users: int = 0  # users in the training data (models with a user embedding)

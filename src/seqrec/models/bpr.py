@@ -44,6 +44,7 @@ INIT_STD = 0.1  # N(0, 0.1^2) initial factors, MyMediaLite's default InitStdDev
 @dataclass(frozen=True, kw_only=True)
 class BPRConfig(ItemLossConfig):
     name: ClassVar[str] = "bpr"
+    targets_from_labels: ClassVar[bool] = False  # its positives are the window's inputs too
     hidden_size: int = 50  # d; the SASRec paper searched {10, ..., 50} for its baselines
     item_bias: bool = True  # + b_j; False is the paper's <U_u, V_j>
     loss: LossName = "bpr"  # the paper's pairwise loss; any of the loss menu

@@ -29,7 +29,8 @@ Differences from the reference implementation, all deliberate:
   training batches), not only at the last position of every prefix (RecBole's data
   augmentation): the same targets, seen in one pass. With ``train.windows: all`` a long
   history trains in consecutive windows of max_seq_len items, so a target early in a window
-  sees fewer items before it than RecBole's prefix, which always holds the max_seq_len before.
+  sees fewer items before it than RecBole's prefix, which always holds the max_seq_len before;
+  ``train.window_stride: s`` gives every target at least max_seq_len - s + 1 (s = 1: the same).
 - Evaluation is the library's; the ML-1M configs rank seen items too
   (``eval.filter_seen: false``), as RecBole's full sort does for sequential models, which
   produced the paper's numbers.

@@ -88,7 +88,25 @@ def check_train_config(config: ExperimentConfig) -> None:
     # The model section too, before any data is read or downloaded: a typo in it should not
     # wait for (or be hidden by) the data. The counts that come from the data are stand-ins
     # here; no model's config check depends on them.
-    build_model_config(config.model, num_items=1, num_users=1)
+    model_config = build_model_config(config.model, num_items=1, num_users=1)
+    _check_window_stride(config, model_config)
+
+
+def _check_window_stride(config: ExperimentConfig, model_config: ModelConfig) -> None:
+    stride = config.train.window_stride
+    if stride is None:
+        return
+    if stride > model_config.max_seq_len:
+        raise ConfigError(
+            f"train.window_stride {stride} is above model.max_seq_len "
+            f"{model_config.max_seq_len}, the most targets a window holds"
+        )
+    if not model_config.targets_from_labels:
+        raise ConfigError(
+            f"train.window_stride trains each window's older targets elsewhere; "
+            f"{model_config.name} makes targets of its inputs and would train them "
+            "again: leave train.window_stride unset"
+        )
 
 
 def check_trainer_config(
@@ -103,18 +121,6 @@ def check_trainer_config(
             f"train.windows: {config.train.windows} cuts users' sequences into windows; "
             f"{model.config.name} with these settings trains on one example per target, "
             "which uses every target already: use train.windows: last"
-        )
-    stride = config.train.window_stride
-    if stride is not None and stride > model.config.max_seq_len:
-        raise ConfigError(
-            f"train.window_stride {stride} is above model.max_seq_len "
-            f"{model.config.max_seq_len}, the most targets a window holds"
-        )
-    if stride is not None and not model.config.targets_from_labels:
-        raise ConfigError(
-            f"train.window_stride trains each window's older targets elsewhere; "
-            f"{model.config.name} builds its targets from the inputs and would train them "
-            "again: leave train.window_stride unset"
         )
     if config.train.batch_parts > 1 and not model.config.loss_splits_by_rows:
         raise ConfigError(
