@@ -285,6 +285,12 @@ def data_parallel(
     logger.info("data-parallel: rank %d of %d (%s)", rank, world_size, dist.get_backend())
     try:
         yield group
-    finally:
-        if owned:
+    except BaseException:
+        if owned:  # no barrier: the other ranks may never get there
             dist.destroy_process_group()
+        raise
+    if owned:
+        # Leave together: a rank that tore gloo down while another still used its connection
+        # was seen to abort at exit ("terminate called without an active exception").
+        dist.barrier()
+        dist.destroy_process_group()
