@@ -11,13 +11,15 @@ is the history's last item. On data without repeats (ML-1M) every such slot is w
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from seqrec.data.batches import left_padded
+from seqrec.analysis.hooks import padded_batches
+from seqrec.batch import PAD_ID
 from seqrec.data.sequences import EvalSet
+from seqrec.metrics import hit_rate, ndcg, rank_of_target
 from seqrec.models.base import ScoringRecommender
 from seqrec.training.checkpoint import load_run
 from seqrec.training.run import data_for_run
@@ -25,51 +27,39 @@ from seqrec.training.run import data_for_run
 K = 10
 
 
-@dataclass
-class SeenItemStats:
-    users: int = 0
-    ndcg_ranked: float = 0.0
-    hits_ranked: int = 0
-    ndcg_filtered: float = 0.0
-    hits_filtered: int = 0
-    seen_slots: int = 0
-    last_item_first: int = 0
-
-    def add_target(self, rank: int, filtered: bool) -> None:
-        if rank >= K:
-            return
-        gain = 1.0 / float(np.log2(rank + 2))
-        if filtered:
-            self.hits_filtered += 1
-            self.ndcg_filtered += gain
-        else:
-            self.hits_ranked += 1
-            self.ndcg_ranked += gain
-
-
-def seen_item_stats(
-    model: ScoringRecommender, test: EvalSet, batch_size: int = 256
-) -> SeenItemStats:
-    stats = SeenItemStats(users=len(test))
-    offsets, items = test.histories.offsets, test.histories.items
+def seen_item_stats(model: ScoringRecommender, test: EvalSet) -> dict[str, float]:
+    """NDCG@K and HR@K with seen items ranked and filtered, the share of the ranked top-K
+    slots that hold a seen item, and the share of users whose first is their last item."""
+    ranked, filtered, seen_slots, last_first = [], [], [], []
+    histories = test.histories
     with torch.no_grad():
-        for start in range(0, len(test), batch_size):
-            rows = np.arange(start, min(start + batch_size, len(test)))
-            inputs = torch.from_numpy(left_padded(test.histories, rows, model.config.max_seq_len))
-            scores = model.score(inputs, torch.from_numpy(test.users[rows])).float()
-            scores[:, 0] = float("-inf")  # padding
-            for b, row in enumerate(rows):
-                history = torch.from_numpy(items[offsets[row] : offsets[row + 1]].astype(np.int64))
-                ranked = scores[b]
-                top = torch.topk(ranked, K).indices
-                stats.seen_slots += int(torch.isin(top, history).sum())
-                stats.last_item_first += int(top[0] == history[-1])
-                target = int(test.targets[row])
-                stats.add_target(int((ranked > ranked[target]).sum()), filtered=False)
-                filtered = ranked.clone()
-                filtered[history] = float("-inf")
-                stats.add_target(int((filtered > filtered[target]).sum()), filtered=True)
-    return stats
+        for rows, input_ids in padded_batches(histories, model.config.max_seq_len, 256):
+            scores = model.score(input_ids, torch.from_numpy(test.users[rows])).float()
+            scores[:, PAD_ID] = float("-inf")
+            targets = torch.from_numpy(test.targets[rows].astype(np.int64))
+            ranked.append(rank_of_target(scores, targets))
+            top = scores.topk(K, dim=1).indices
+            sub = histories.take(rows)
+            seen = torch.zeros_like(scores, dtype=torch.bool)
+            seen[torch.from_numpy(sub.row_ids()), torch.from_numpy(sub.items.astype(np.int64))] = (
+                True
+            )
+            seen_slots.append(seen.gather(1, top).float().mean(dim=1))
+            last_first.append((top[:, 0] == input_ids[:, -1]).float())
+            filtered.append(rank_of_target(scores.masked_fill(seen, float("-inf")), targets))
+    r, f = torch.cat(ranked), torch.cat(filtered)
+    return {
+        "ndcg_ranked": _mean(ndcg(r, K)),
+        "hr_ranked": _mean(hit_rate(r, K)),
+        "ndcg_filtered": _mean(ndcg(f, K)),
+        "hr_filtered": _mean(hit_rate(f, K)),
+        "seen_slots": _mean(torch.cat(seen_slots)),
+        "last_item_first": _mean(torch.cat(last_first)),
+    }
+
+
+def _mean(values: Tensor) -> float:
+    return float(values.double().mean())
 
 
 def main() -> None:
@@ -89,11 +79,10 @@ def main() -> None:
         if not isinstance(run.model, ScoringRecommender):
             raise SystemExit(f"{run_dir}: not a scoring model")
         s = seen_item_stats(run.model, data_for_run(run, args.data_dir).eval_set("test"))
-        n = s.users
         print(
-            f"| {run_dir} | {s.ndcg_ranked / n:.4f} / {s.hits_ranked / n:.4f} "
-            f"| {s.ndcg_filtered / n:.4f} / {s.hits_filtered / n:.4f} "
-            f"| {s.seen_slots / (K * n):.3f} | {s.last_item_first / n:.3f} |"
+            f"| {run_dir} | {s['ndcg_ranked']:.4f} / {s['hr_ranked']:.4f} "
+            f"| {s['ndcg_filtered']:.4f} / {s['hr_filtered']:.4f} "
+            f"| {s['seen_slots']:.3f} | {s['last_item_first']:.3f} |"
         )
 
 
