@@ -124,6 +124,13 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.dataset == "file" and self.path is None:
             raise ConfigError("data.dataset: file needs data.path")
+        if self.dataset != "file" and self.path is not None:
+            # Silently reading the registry dataset instead of the file named would train on
+            # the wrong data (or download it).
+            raise ConfigError(
+                f"data.path is read only with data.dataset: file, not with "
+                f"data.dataset: {self.dataset}; set data.dataset: file to read {self.path}"
+            )
         if self.min_user_interactions < 1 or self.min_item_interactions < 1:
             raise ConfigError("data.min_user_interactions and min_item_interactions must be >= 1")
         if not 0.0 < self.temporal_quantile < 1.0:

@@ -94,6 +94,8 @@ def test_value_validation() -> None:
         DataConfig(temporal_quantile=1.5)
     with pytest.raises(ConfigError, match="dataset: file needs data.path"):
         DataConfig(dataset="file")
+    with pytest.raises(ConfigError, match="data.path is read only with data.dataset: file"):
+        DataConfig(path="my_log.csv")  # the default dataset would be read instead of the file
 
 
 @pytest.mark.parametrize(
