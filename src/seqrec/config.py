@@ -101,6 +101,10 @@ def check_float(
     raise ConfigError(f"{key} must be {wanted}{null}, got {value}")
 
 
+COLUMN_FIELDS = ("user_column", "item_column", "timestamp_column", "rating_column")
+SYNTHETIC_FIELDS = ("synthetic_users", "synthetic_items", "synthetic_seed")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     dataset: str = "ml-1m"  # a registry name (`seqrec data list`) or "file" with `path`
@@ -124,13 +128,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.dataset == "file" and self.path is None:
             raise ConfigError("data.dataset: file needs data.path")
-        if self.dataset != "file" and self.path is not None:
-            # Silently reading the registry dataset instead of the file named would train on
-            # the wrong data (or download it).
-            raise ConfigError(
-                f"data.path is read only with data.dataset: file, not with "
-                f"data.dataset: {self.dataset}; set data.dataset: file to read {self.path}"
-            )
         if self.min_user_interactions < 1 or self.min_item_interactions < 1:
             raise ConfigError("data.min_user_interactions and min_item_interactions must be >= 1")
         if not 0.0 < self.temporal_quantile < 1.0:
@@ -143,6 +140,36 @@ class DataConfig:
         if self.max_history is not None and self.max_history < 3:
             raise ConfigError(f"data.max_history must be >= 3 or null, got {self.max_history}")
         _check_seed("data.synthetic_seed", self.synthetic_seed)
+        if self.synthetic_users < 1 or self.synthetic_items < 2:
+            raise ConfigError(
+                "data.synthetic_users must be >= 1 and data.synthetic_items >= 2, got "
+                f"{self.synthetic_users} and {self.synthetic_items}"
+            )
+        if self.dataset != "file" and self.path is not None:
+            # Silently reading the registry dataset instead of the file named would train on
+            # the wrong data (or download it).
+            raise ConfigError(
+                f"data.path is read only with data.dataset: file, not with "
+                f"data.dataset: {self.dataset}; set data.dataset: file to read {self.path}"
+            )
+        self._check_fields_of_other_datasets()
+
+    def _check_fields_of_other_datasets(self) -> None:
+        """A column mapping is read only from a file of one's own (the registry's files have
+        fixed layouts), the generator's settings only by the synthetic dataset: set for any
+        other dataset they would change nothing, silently."""
+        defaults = {spec.name: spec.default for spec in dataclasses.fields(DataConfig)}
+        own = {"file": COLUMN_FIELDS, "synthetic": SYNTHETIC_FIELDS}
+        for dataset, names in own.items():
+            if self.dataset == dataset:
+                continue
+            changed = [name for name in names if getattr(self, name) != defaults[name]]
+            if changed:
+                keys = ", ".join(f"data.{name}" for name in changed)
+                raise ConfigError(
+                    f"{keys}: read only with data.dataset: {dataset}, not with "
+                    f"data.dataset: {self.dataset}; remove {'it' if len(changed) == 1 else 'them'}"
+                )
 
 
 @dataclass(frozen=True, kw_only=True)

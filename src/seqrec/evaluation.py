@@ -198,6 +198,29 @@ def _ranks_from_scores(
     return rank_of_target(scores[:, 1:], targets - 1)  # drop the padding column
 
 
+def _whole_histories(
+    histories: Sequences, rows: npt.NDArray[np.int64], device: torch.device | str
+) -> Tensor:
+    """(B, longest) left-padded histories, uncut: a top-k model reads its last max_seq_len
+    items and excludes every item it is given."""
+    longest = int(histories.lengths[rows].max(initial=1))
+    return torch.from_numpy(left_padded(histories, rows, longest)).to(device)
+
+
+def _generative_ranks(
+    model: SequentialRecommender,
+    input_ids: Tensor,
+    users: Tensor,
+    targets: Tensor,
+    config: EvalConfig,
+) -> Tensor:
+    """(B,) 0-based rank of each target inside the model's top max(ks); max(ks) if absent."""
+    K = max(config.ks)
+    topk = model.recommend(input_ids, K, config.filter_seen, users)
+    check_output_shape(model, "recommend", topk, (len(targets), K), "(B, k), padded with 0")
+    return rank_in_topk(topk.cpu(), targets, missing=K)
+
+
 def _model_scores(model: SequentialRecommender) -> ScoreVariants | None:
     """The single-variant scorer of a scoring model; None for a generative model."""
     if not isinstance(model, ScoringRecommender):
@@ -284,10 +307,9 @@ def evaluate_variants(
         users = torch.from_numpy(eval_set.users[chunk]).to(device)
         targets = torch.from_numpy(eval_set.targets[chunk].astype(np.int64))
         if variants is None:  # generative models: rank inside their top-K
-            K = max(config.ks)
-            topk = model.recommend(input_ids, K, config.filter_seen, users)
-            check_output_shape(model, "recommend", topk, (len(chunk), K), "(B, k), padded with 0")
-            chunk_ranks = [rank_in_topk(topk.cpu(), targets, missing=K)]
+            # filter-seen excludes the whole history, as for scoring models
+            given = _whole_histories(histories, chunk, device) if config.filter_seen else input_ids
+            chunk_ranks = [_generative_ranks(model, given, users, targets, config)]
         else:
             sub = histories.take(chunk)
             history = (sub.row_ids(), sub.items.astype(np.int64))

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from seqrec.config import experiment_from_raw
+from seqrec.config import SYNTHETIC_FIELDS, experiment_from_raw
 from seqrec.data.synthetic import generate
 from seqrec.training.run import train_experiment
 from tests.env import isolate
@@ -32,10 +32,14 @@ TINY: dict[str, dict[str, Any]] = {
 
 
 def tiny_raw(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``TINY`` with some keys of some sections replaced, e.g. ``tiny_raw(train={"lr": 0.01})``."""
+    """``TINY`` with some keys of some sections replaced, e.g. ``tiny_raw(train={"lr": 0.01})``;
+    another dataset drops the synthetic one's settings."""
     raw = copy.deepcopy(TINY)
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
+    if raw["data"]["dataset"] != "synthetic":  # the generator's settings would be refused
+        for key in SYNTHETIC_FIELDS:
+            raw["data"].pop(key, None)
     return raw
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+import seqrec.nn.selective_scan as selective_scan_module
 from seqrec.cli import main
 from tests.cli.helpers import one_error_line, run_seqrec, tiny_raw, write_yaml
 
@@ -154,7 +155,6 @@ def test_malformed_interaction_file_names_the_line(
     path = tmp_path / name
     path.write_text(text)
     raw = tiny_raw(data={"dataset": "file", "path": str(path), **extra})
-    del raw["data"]["synthetic_users"], raw["data"]["synthetic_items"]
     config = write_yaml(tmp_path / "c.yaml", raw)
     line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
     assert re.search(pattern, line), line
@@ -253,10 +253,43 @@ def test_model_section_is_checked_before_the_data_is_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], model: dict[str, object], pattern: str
 ) -> None:
     raw = tiny_raw(data={"dataset": "file", "path": str(tmp_path / "absent.csv")}, model=model)
-    del raw["data"]["synthetic_users"], raw["data"]["synthetic_items"]
     config = write_yaml(tmp_path / "c.yaml", raw)
     line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
     assert re.search(pattern, line), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unusable_scan_is_refused_before_the_data_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to surface at the first batch, after the data, as an 'unexpected' error."""
+    monkeypatch.setattr(selective_scan_module, "_mamba_kernel", lambda: None)
+    raw = tiny_raw(
+        data={"dataset": "file", "path": str(tmp_path / "absent.csv")},
+        model={"name": "mamba4rec", "scan": "cuda"},
+    )
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
+    assert re.search(r"^error: model\.scan 'cuda': .*pip install 'seqrec\[mamba\]'", line), line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model", ["tiger", "trierec"])
+def test_sampled_validation_of_a_generative_model_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str
+) -> None:
+    """It used to fail after the semantic IDs were fitted and the first epoch trained."""
+    raw = tiny_raw(
+        data={"dataset": "file", "path": str(tmp_path / "absent.csv")},
+        model={"name": model},
+        eval={"protocol": "sampled"},
+    )
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
+    assert line == (
+        f"error: eval.protocol: sampled ranks candidates by score; {model} only returns a "
+        "top-k list, so validate it with eval.protocol: full"
+    )
     assert not (tmp_path / "run").exists()
 
 

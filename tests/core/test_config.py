@@ -61,6 +61,8 @@ def test_set_overrides_parse_values() -> None:
     set_dotted(raw, "train.lr=3e-4")
     set_dotted(raw, "train.precision=bf16")
     set_dotted(raw, "eval.ks=[1,10]")
+    set_dotted(raw, "data.dataset=file")  # column names are read from a file of one's own
+    set_dotted(raw, "data.path=log.csv")
     set_dotted(raw, "data.timestamp_column=null")
     set_dotted(raw, 'data.user_column="2024"')  # quoted: a column named like a number
     set_dotted(raw, "data.item_column='007'")
@@ -96,6 +98,12 @@ def test_value_validation() -> None:
         DataConfig(dataset="file")
     with pytest.raises(ConfigError, match="data.path is read only with data.dataset: file"):
         DataConfig(path="my_log.csv")  # the default dataset would be read instead of the file
+    with pytest.raises(ConfigError, match=r"^data\.user_column, data\.rating_column: read only "):
+        DataConfig(user_column="uid", rating_column="stars")  # ml-1m's files have fixed layouts
+    with pytest.raises(ConfigError, match=r"^data\.synthetic_users: read only with data.dataset: "):
+        DataConfig(dataset="file", path="log.csv", synthetic_users=10)
+    with pytest.raises(ConfigError, match=r"data\.synthetic_users must be >= 1 .* got 0 and 1000"):
+        DataConfig(dataset="synthetic", synthetic_users=0)
 
 
 @pytest.mark.parametrize(

@@ -393,3 +393,34 @@ def test_a_list_or_score_matrix_of_the_wrong_shape_is_refused() -> None:
     narrow = FixedScores(WEIGHTS[:-1])  # no column for item N: an off-by-one
     with pytest.raises(ValueError, match=r"score returned shape \(4, 9\) .* \(B, N \+ 1\)"):
         evaluate(narrow, EVAL_SET, EvalConfig(), all_sequences=ALL, num_items=N)
+
+
+class TopByWeight(SequentialRecommender):
+    """A generative-style model listing items by ``WEIGHTS``; like TIGER it excludes every item
+    of the ``input_ids`` it is given, however long, when asked to."""
+
+    config_class = FixedConfig
+
+    def __init__(self) -> None:
+        super().__init__(FixedConfig(num_items=N, max_seq_len=4))
+
+    def forward(self, batch: SeqBatch) -> ModelOutput:
+        raise NotImplementedError
+
+    def recommend(
+        self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
+    ) -> Tensor:
+        scores = WEIGHTS.unsqueeze(0).repeat(input_ids.size(0), 1)
+        scores[:, 0] = float("-inf")
+        if exclude_seen:
+            scores = scores.scatter(1, input_ids, float("-inf"))
+        top = scores.topk(N, dim=1)
+        items = top.indices.masked_fill(top.values == float("-inf"), 0)
+        return torch.nn.functional.pad(items, (0, k - N))
+
+
+def test_filter_seen_removes_the_whole_history_from_a_generative_list() -> None:
+    """User 2's history (6 items) is longer than max_seq_len (4): items 2 and 3 were once left
+    in the list, which put the target (item 1, the worst) at rank 5 instead of 3."""
+    ranks = evaluate(TopByWeight(), EVAL_SET, EvalConfig(), all_sequences=ALL, num_items=N).ranks
+    assert ranks.tolist()[:3] == [1, 1, 3]  # as the scoring model's: [1, 1, 3, 9]

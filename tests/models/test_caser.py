@@ -141,6 +141,21 @@ def test_one_target_ahead_trains_on_the_next_item_only(batch: SeqBatch) -> None:
     torch.testing.assert_close(model(batch).loss, expected)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["position_negatives", "row_negatives"])
+def test_targets_ahead_beyond_the_batch_width_add_nothing(shared: bool, batch: SeqBatch) -> None:
+    """T larger than a batch's padded width (short histories) used to fail with a shape error:
+    the copies past the width have no targets, so the loss is that of T = width."""
+    if shared:
+        g = torch.Generator().manual_seed(1)
+        batch = dataclasses.replace(
+            batch, negatives=torch.randint(1, NUM_ITEMS + 1, (B, S), generator=g)
+        )
+    width = batch.input_ids.size(1)
+    beyond = build(targets_ahead=width + 2, shared_negatives=shared)(batch).loss
+    within = build(targets_ahead=width, shared_negatives=shared)(batch).loss
+    torch.testing.assert_close(beyond, within)
+
+
 @pytest.mark.parametrize(
     "changes",
     [

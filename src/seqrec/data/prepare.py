@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from seqrec.config import DataConfig, FileFormat
+from seqrec.config import SYNTHETIC_FIELDS, DataConfig, FileFormat
 from seqrec.data import preprocess
 from seqrec.data.datasets import locate_dataset, user_cache_dir
 from seqrec.data.digests import content_sha256
@@ -39,7 +39,6 @@ from seqrec.io import atomic_folder
 logger = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # bump when the pipeline's output changes for the same inputs
-_SYNTHETIC_FIELDS = ("synthetic_users", "synthetic_items", "synthetic_seed")
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def resolve_source(
     """Which input ``config`` names: generated data, ``data.path``, or a located dataset file.
     ``remember_digests``: keep the files' sha256 in the cache (``seqrec.data.digests``)."""
     if config.dataset == "synthetic":
-        settings = {name: getattr(config, name) for name in _SYNTHETIC_FIELDS}
+        settings = {name: getattr(config, name) for name in SYNTHETIC_FIELDS}
         settings["generator_version"] = GENERATOR_VERSION
         return Source("synthetic", "generated", None, "auto", {"synthetic": settings})
     cache_root = Path(cache_dir) if cache_dir is not None else user_cache_dir()
@@ -151,7 +150,7 @@ def cache_key(config: DataConfig, source: Source) -> str:
     """A hash of the source identity and every config field that can change the result."""
     fields = dataclasses.asdict(config)
     if source.path is not None:  # the generator's settings only matter to generated data
-        for name in _SYNTHETIC_FIELDS:
+        for name in SYNTHETIC_FIELDS:
             fields.pop(name)
     blob = json.dumps(
         {"version": CACHE_VERSION, "source": source.identity, "config": fields},

@@ -56,6 +56,10 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
 
+    def check_runnable(self) -> None:
+        """Raise ``ConfigError`` when this machine cannot run the model as configured (an
+        optional kernel it names is not installed); training checks it before reading data."""
+
     @property
     def batch_needs(self) -> BatchNeeds:
         """What training batches must carry besides inputs and labels (negatives, ...)."""

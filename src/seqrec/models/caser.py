@@ -203,9 +203,12 @@ class Caser(ScoringRecommender):
         if negatives is not None and negatives.dim() == 3:
             negatives = negatives[:, -labels.size(1) :]
         for k in range(self.config.targets_ahead):
-            copies.append(F.pad(labels[:, k:], (0, k), value=PAD_ID).masked_fill(~real, PAD_ID))
+            shift = min(k, labels.size(1))  # T may exceed a batch's width: copies past it are empty
+            copies.append(
+                F.pad(labels[:, shift:], (0, shift), value=PAD_ID).masked_fill(~real, PAD_ID)
+            )
             if negatives is not None and negatives.dim() == 3:  # (B, L, S): shift too
-                negs.append(F.pad(negatives[:, k:], (0, 0, 0, k), value=PAD_ID))
+                negs.append(F.pad(negatives[:, shift:], (0, 0, 0, shift), value=PAD_ID))
         stacked = torch.cat(copies)
         if negatives is None:
             return replace(batch, labels=stacked), stacked

@@ -102,6 +102,12 @@ class Mamba4RecConfig(ModelConfig):
                 raise ConfigError(f"model.{field} must be >= 1, got {getattr(self, field)}")
         check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
 
+    def check_runnable(self) -> None:
+        try:
+            check_scan_impl(self.scan)
+        except RuntimeError as err:
+            raise ConfigError(f"model.scan {self.scan!r}: {err}") from None
+
     @property
     def inner_size(self) -> int:
         return self.expand * self.hidden_size
@@ -347,7 +353,7 @@ class Mamba4Rec(ScoringRecommender):
     config: Mamba4RecConfig
 
     def __init__(self, config: Mamba4RecConfig) -> None:
-        check_scan_impl(config.scan)  # an unusable scan fails here, not mid-training
+        config.check_runnable()  # an unusable scan fails here, not mid-training
         super().__init__(config)
         D = config.hidden_size
         self.item_emb = nn.Embedding(config.num_items + 1, D, padding_idx=PAD_ID)

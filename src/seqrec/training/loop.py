@@ -32,7 +32,13 @@ from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import evaluate_model
 from seqrec.metrics import METRICS
-from seqrec.models.base import ModelConfig, SequentialRecommender, build_model_config
+from seqrec.models.base import (
+    MODELS,
+    ModelConfig,
+    ScoringRecommender,
+    SequentialRecommender,
+    build_model_config,
+)
 from seqrec.nn.row_gather import rows_gathered_over_ranks
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
 from seqrec.training.cpu_allocator import keep_freed_memory
@@ -89,7 +95,15 @@ def check_train_config(config: ExperimentConfig) -> None:
     # wait for (or be hidden by) the data. The counts that come from the data are stand-ins
     # here; no model's config check depends on them.
     model_config = build_model_config(config.model, num_items=1, num_users=1)
+    model_config.check_runnable()
     _check_window_stride(config, model_config)
+    if config.eval.protocol == "sampled" and not issubclass(
+        MODELS.get(model_config.name), ScoringRecommender
+    ):
+        raise ConfigError(
+            f"eval.protocol: sampled ranks candidates by score; {model_config.name} only "
+            "returns a top-k list, so validate it with eval.protocol: full"
+        )
 
 
 def _check_window_stride(config: ExperimentConfig, model_config: ModelConfig) -> None:
