@@ -322,7 +322,32 @@ def _check_recommend_output(source: str, output: str) -> None:
         return  # stdout
     if os.path.exists(output) and os.path.exists(source) and os.path.samefile(source, output):
         raise ConfigError(f"--output {output} is the --input file; it would overwrite the input")
+    if os.path.isfile(output) and not _is_recommend_output(Path(output)):
+        # A typo here once replaced a run's config.json (or the user's own log) silently.
+        raise ConfigError(
+            f"--output {output} exists and is not an earlier output of seqrec recommend, "
+            "which alone it replaces: choose another file, or remove it first"
+        )
     _check_output("--output", output)
+
+
+RECOMMEND_FIELDS = ("line", "items", "scores", "unknown", "error")  # _recommend_batch's rows
+
+
+def _is_recommend_output(path: Path) -> bool:
+    """Empty, or JSON lines whose first is an object with exactly ``RECOMMEND_FIELDS``."""
+    try:
+        with path.open("rb") as handle:
+            first = handle.readline(1 << 20)
+    except OSError:
+        return False
+    if not first.strip():
+        return path.stat().st_size == 0
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(row, dict) and sorted(row) == sorted(RECOMMEND_FIELDS)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -397,11 +422,16 @@ def _recommend_batch(
         }
         for i, r in enumerate(recs)
     ]
-    text = "".join(json.dumps(row) + "\n" for row in rows)
+    lines = [json.dumps(row) + "\n" for row in rows]
     if output == "-":
-        sys.stdout.write(text)
+        # Line by line: one large write to a pipe whose reader stops returns a short count
+        # instead of raising, and the rest was lost with "wrote N lines" and exit 0; small
+        # writes raise BrokenPipeError (exit 141) as the reader goes.
+        for line in lines:
+            sys.stdout.write(line)
+        sys.stdout.flush()
     else:
-        atomic_write_text(Path(output), text)
+        atomic_write_text(Path(output), "".join(lines))
     failed = [row["line"] for row in rows if row["error"] is not None]
     with_unknown = sum(1 for row in rows if row["unknown"])
     where = "stdout" if output == "-" else output

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from seqrec.cli import main
-from tests.cli.helpers import one_error_line, read_jsonl, run_seqrec
+from seqrec.cli import RECOMMEND_FIELDS, main
+from tests.cli.helpers import SEQREC, cli_env, one_error_line, read_jsonl, run_seqrec
 
 
 def recommend_json(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> dict[str, Any]:
@@ -213,6 +214,49 @@ def test_output_into_a_reader_that_stopped_early_is_no_error(
     assert "error: [Errno 32] Broken pipe" in capsys.readouterr().err
 
 
+def test_batch_output_replaces_only_an_earlier_output(
+    file_run: Path, items: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--output RUN/config.json`` once replaced the run's config and said "wrote 1 lines"."""
+    source = tmp_path / "in.txt"
+    source.write_text(" ".join(items[:3]) + "\n")
+    earlier = tmp_path / "out.jsonl"
+    for _ in range(2):  # the second run replaces the first one's output
+        assert (
+            main(["recommend", str(file_run), "--input", str(source), "--output", str(earlier)])
+            == 0
+        )
+    assert list(read_jsonl(earlier)[0]) == list(RECOMMEND_FIELDS)
+    capsys.readouterr()
+    for precious in (file_run / "config.json", tmp_path / "notes.txt"):
+        if not precious.exists():
+            precious.write_text("my notes\n")
+        before = precious.read_bytes()
+        code = main(["recommend", str(file_run), "--input", str(source), "--output", str(precious)])
+        assert code == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert "exists and is not an earlier output of seqrec recommend" in line
+        assert precious.read_bytes() == before
+
+
+def test_batch_output_into_a_reader_that_stops_early_is_not_reported_complete(
+    file_run: Path, items: list[str], tmp_path: Path
+) -> None:
+    """Megabytes into ``| head -c 100``: the whole output went in one write, which the pipe
+    cut short without an error, and the command said "wrote 3000 lines" with exit 0."""
+    source = tmp_path / "histories.txt"
+    source.write_text("".join(f"{items[i % 5]} {items[i % 7 + 5]}\n" for i in range(3000)))
+    command = [str(SEQREC), "recommend", str(file_run), "--input", str(source), "--output", "-"]
+    reader = subprocess.Popen(  # noqa: S603 - our own console script
+        [*command, "-k", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env()
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    assert len(reader.stdout.read(100)) == 100
+    reader.stdout.close()  # the reader goes, about 1 MB before the end
+    assert reader.wait(timeout=300) == 141
+    assert "wrote" not in reader.stderr.read().decode()
+
+
 def test_batch_with_bad_lines_exits_3_and_marks_them(
     file_run: Path, items: list[str], tmp_path: Path
 ) -> None:
@@ -323,7 +367,7 @@ def test_output_symlink_is_kept_and_its_file_written(
 ) -> None:
     source, real, link = tmp_path / "in.txt", tmp_path / "real.jsonl", tmp_path / "link.jsonl"
     source.write_text(f"{items[0]}\n")
-    real.write_text("old\n")
+    real.write_text("")  # an empty file, or an earlier output, may be replaced
     link.symlink_to(real.name)
     assert main(["recommend", str(file_run), "--input", str(source), "--output", str(link)]) == 0
     assert link.is_symlink()
