@@ -16,7 +16,9 @@ from torch import Tensor
 
 def rank_of_target(scores: Tensor, target: Tensor) -> Tensor:
     """0-based rank of ``target`` among ``scores``; ties count against the target, and so
-    does a NaN: a NaN target ranks last, a NaN elsewhere ranks above the target.
+    does a NaN: a NaN elsewhere ranks above the target. A target scored NaN or -inf (filtered
+    out) ranks N, behind every candidate: a miss at every k <= N (last, N - 1, would be a hit
+    at k = N).
 
     scores: (B, N) float, target: (B,) long -> (B,) long.
 
@@ -24,13 +26,14 @@ def rank_of_target(scores: Tensor, target: Tensor) -> Tensor:
     [1]
     >>> rank_of_target(torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([0])).tolist()
     [2]
-    >>> with_nan = torch.tensor([[0.1, float("nan"), 0.5]]).expand(2, 3)
-    >>> rank_of_target(with_nan, torch.tensor([1, 2])).tolist()
-    [2, 1]
+    >>> with_nan = torch.tensor([[0.1, float("nan"), float("-inf")]]).expand(3, 3)
+    >>> rank_of_target(with_nan, torch.tensor([0, 1, 2])).tolist()
+    [1, 3, 3]
     """
     target_score = scores.gather(1, target.unsqueeze(1))  # (B, 1)
-    above = (scores >= target_score) | scores.isnan() | target_score.isnan()
-    return above.sum(dim=1) - 1
+    above = (scores >= target_score) | scores.isnan()
+    never = (target_score.isnan() | (target_score == float("-inf"))).squeeze(1)
+    return (above.sum(dim=1) - 1).masked_fill(never, scores.size(1))
 
 
 def rank_in_topk(topk_ids: Tensor, target: Tensor, missing: int | None = None) -> Tensor:

@@ -247,10 +247,11 @@ def test_batch_output_into_a_reader_that_stops_early_is_not_reported_complete(
     source = tmp_path / "histories.txt"
     source.write_text("".join(f"{items[i % 5]} {items[i % 7 + 5]}\n" for i in range(3000)))
     command = [str(SEQREC), "recommend", str(file_run), "--input", str(source), "--output", "-"]
-    reader = subprocess.Popen(  # noqa: S603 - our own console script
+    reader = subprocess.Popen(
         [*command, "-k", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env()
     )
-    assert reader.stdout is not None and reader.stderr is not None
+    assert reader.stdout is not None
+    assert reader.stderr is not None
     assert len(reader.stdout.read(100)) == 100
     reader.stdout.close()  # the reader goes, about 1 MB before the end
     assert reader.wait(timeout=300) == 141

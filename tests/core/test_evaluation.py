@@ -72,8 +72,12 @@ def run(config: EvalConfig, weights: Tensor = WEIGHTS) -> np.ndarray:
 def test_full_ranking_with_and_without_filter_seen() -> None:
     # user 0: history {9, 8} removed, 7 is best of the rest -> rank 1
     # user 1: 9 best -> 1; user 2: history {2..7} removed, 1 is worst of {1, 8, 9} -> 3
-    # user 3: target 8 is seen and filtered -> ranked last (9)
-    assert run(EvalConfig()).tolist() == [1, 1, 3, 9]
+    # user 3: target 8 is seen and filtered -> behind all 9 items (10): a miss at every k <= 9
+    assert run(EvalConfig()).tolist() == [1, 1, 3, 10]
+    hits = evaluate(
+        FixedScores(WEIGHTS), EVAL_SET, EvalConfig(ks=(9,)), all_sequences=ALL, num_items=N
+    )
+    assert hits.metrics["HR@9"] == 0.75  # ranked last (9) it once counted as a hit: 1.0
     assert run(EvalConfig(filter_seen=False)).tolist() == [3, 1, 9, 2]
 
 
@@ -199,7 +203,7 @@ def test_sampled_protocol_ties_count_against_the_model() -> None:
 def test_reported_ci95_is_the_normal_interval_of_the_per_user_values() -> None:
     config = EvalConfig(ks=(1, 5))
     result = evaluate(FixedScores(WEIGHTS), EVAL_SET, config, all_sequences=ALL, num_items=N)
-    assert result.ranks.tolist() == [1, 1, 3, 9]
+    assert result.ranks.tolist() == [1, 1, 3, 10]
     per_user = {"HR@1": [1.0, 1.0, 0.0, 0.0], "NDCG@5": [1.0, 1.0, 0.5, 0.0]}
     for name, values in per_user.items():
         expected = 1.959964 * statistics.stdev(values) / math.sqrt(len(values))
@@ -246,7 +250,7 @@ def test_export_ranks_uses_original_ids(tmp_path, suffix: str) -> None:  # type:
     assert frame["protocol"].unique().to_list() == [result.protocol]
     assert frame["user_id"].to_list() == ["u0", "u1", "u2", "u3"]
     assert frame["target"].to_list() == ["i7", "i9", "i1", "i8"]
-    assert frame["rank"].to_list() == [1, 1, 3, 9]
+    assert frame["rank"].to_list() == [1, 1, 3, 10]
     with pytest.raises(ValueError, match="use a .csv or .parquet"):
         export_ranks(result, id_map, tmp_path / "ranks.txt")
     assert not list(tmp_path.glob(".*tmp"))
@@ -360,7 +364,7 @@ def test_a_nan_score_is_a_miss_not_a_hit() -> None:
     weights[7] = float("nan")  # user 0's target
     config = EvalConfig(filter_seen=False)
     ranks = run(config, weights)
-    assert ranks[0] == N  # last of the N candidates
+    assert ranks[0] == N + 1  # behind the N candidates
     result = evaluate(FixedScores(weights), EVAL_SET, config, all_sequences=ALL, num_items=N)
     assert all(math.isfinite(v) for v in result.metrics.values())
     assert run(config)[1] == 1  # item 9 scores best: user 1's target ranks first ...
