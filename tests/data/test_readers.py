@@ -426,7 +426,15 @@ def test_integer_timestamps_keep_the_file_order(tmp_path: Path) -> None:
     assert rows(df) == [("u1", "a", 9), ("u2", "b", 1), ("u1", "c", 9)]
 
 
-@pytest.mark.parametrize("value", ["NaN", "inf", "1e30"])
+def test_dates_that_are_not_year_first_are_refused_not_guessed(tmp_path: Path) -> None:
+    """Polars guessed day-first for 02/01/2020 and 03/04/2020, silently reordering a log that
+    was written month-first."""
+    path = write(tmp_path / "a.csv", "user_id,item_id,ts\nu1,a,02/01/2020\nu1,b,03/04/2020\n")
+    with pytest.raises(DataError, match=r"'02/01/2020' in data row 1, which is not a timestamp"):
+        read_interactions(path, "csv", ColumnMap(timestamp="ts"))
+
+
+@pytest.mark.parametrize("value", ["NaN", "inf", "1e30", "02/01/2020", "2 Jan 2020"])
 def test_a_csv_timestamp_that_is_no_time_names_file_column_and_row(
     tmp_path: Path, value: str
 ) -> None:
