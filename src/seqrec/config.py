@@ -343,6 +343,34 @@ class TokenizerConfig:
         check_float("tokenizer.rqvae_lr", self.rqvae_lr, above=0)
         check_float("tokenizer.commitment", self.commitment, at_least=0)
         _check_seed("tokenizer.seed", self.seed)
+        if self.rqvae_batch_size < 1:
+            raise ConfigError(
+                f"tokenizer.rqvae_batch_size must be >= 1, got {self.rqvae_batch_size}"
+            )
+        if self.kmeans_iters < 0:
+            raise ConfigError(f"tokenizer.kmeans_iters must be >= 0, got {self.kmeans_iters}")
+        if any(size < 1 for size in self.hidden_sizes):
+            raise ConfigError(
+                f"tokenizer.hidden_sizes must be sizes >= 1, got {list(self.hidden_sizes)}"
+            )
+        if self.from_run is not None:
+            self._check_nothing_else_with_from_run()
+
+    def _check_nothing_else_with_from_run(self) -> None:
+        """The reused semantic IDs come with the settings they were fitted with: any other
+        value set here would change nothing, and config.json would record it."""
+        defaults = TokenizerConfig()
+        changed = [
+            f"tokenizer.{spec.name}"
+            for spec in dataclasses.fields(self)
+            if spec.name != "from_run" and getattr(self, spec.name) != getattr(defaults, spec.name)
+        ]
+        if changed:
+            raise ConfigError(
+                f"tokenizer.from_run reuses that run's semantic IDs, fitted with its own "
+                f"settings; {', '.join(changed)} would change nothing: remove "
+                f"{'it' if len(changed) == 1 else 'them'}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -274,6 +274,21 @@ def test_an_unusable_scan_is_refused_before_the_data_is_read(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_tokenizer_section_for_a_model_without_semantic_ids_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was accepted, ignored and recorded in the run's config.json."""
+    raw = tiny_raw(data={"dataset": "file", "path": str(tmp_path / "absent.csv")})
+    raw["tokenizer"] = {"num_levels": 4}
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
+    assert line == (
+        "error: the tokenizer section makes semantic IDs for generative models; sasrec does "
+        "not use them: remove the section"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("model", ["tiger", "trierec"])
 def test_sampled_validation_of_a_generative_model_is_refused_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str

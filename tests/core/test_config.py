@@ -218,6 +218,9 @@ def test_train_value_out_of_range_is_named(key: str, value: object, allowed: str
         (TokenizerConfig, "tokenizer", "rqvae_lr", 0.0),
         (TokenizerConfig, "tokenizer", "rqvae_lr", -0.005),
         (TokenizerConfig, "tokenizer", "commitment", -0.25),
+        (TokenizerConfig, "tokenizer", "rqvae_batch_size", 0),  # once "range() arg 3 ..."
+        (TokenizerConfig, "tokenizer", "kmeans_iters", -1),  # once read as 0
+        (TokenizerConfig, "tokenizer", "hidden_sizes", [0]),  # once one code for every item
     ],
 )
 def test_other_value_out_of_range_is_named(
@@ -286,3 +289,10 @@ def test_config_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
 def test_config_path_that_is_a_directory_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config file .* is a directory"):
         load_raw(tmp_path)
+
+
+def test_tokenizer_settings_beside_from_run_are_refused() -> None:
+    """They were ignored (the reused IDs keep their own) and recorded in config.json."""
+    TokenizerConfig(from_run="runs/tiger")  # alone: fine
+    with pytest.raises(ConfigError, match=r"tokenizer\.method, tokenizer\.num_levels would "):
+        TokenizerConfig(from_run="runs/tiger", num_levels=5, method="rqkmeans")
