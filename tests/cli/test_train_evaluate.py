@@ -223,6 +223,17 @@ def test_set_eval_changes_the_protocol_of_one_evaluation(
             "--set eval.protocol=full disagrees with --protocol",
         ),
         (["--set", "data.max_seq_len=5"], "only model.key=value and eval.key=value can change"),
+        # settings the protocol in use does not read: they once changed nothing, silently
+        (
+            ["--set", "eval.num_negatives=50"],
+            "eval.num_negatives only applies to the sampled protocol, and this evaluation uses "
+            "the full one (--protocol)",
+        ),
+        (
+            ["--protocol", "sampled", "--no-filter-seen"],
+            "eval.filter_seen only applies to the full protocol, and this evaluation uses the "
+            "sampled one",
+        ),
     ],
 )
 def test_set_on_evaluate_refuses_bad_or_training_settings(

@@ -21,6 +21,7 @@ import torch
 from seqrec import __version__
 from seqrec.config import (
     ConfigError,
+    EvalConfig,
     ExperimentConfig,
     SplitChoice,
     experiment_from_raw,
@@ -428,6 +429,24 @@ def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> Prepared
     return data
 
 
+# Eval settings that one protocol reads and the other does not: given explicitly for the
+# other, they would change nothing, silently.
+_SAMPLED_ONLY = ("num_negatives", "negative_sampling", "seed")
+_FULL_ONLY = ("filter_seen",)  # the sampled protocol always draws among unseen items
+
+
+def _check_overrides_apply(config: EvalConfig, overrides: Mapping[str, Any]) -> None:
+    unused = _FULL_ONLY if config.protocol == "sampled" else _SAMPLED_ONLY
+    given = [key for key in unused if key in overrides]
+    if given:
+        keys = ", ".join(f"eval.{key}" for key in given)
+        other = "full" if config.protocol == "sampled" else "sampled"
+        raise ConfigError(
+            f"{keys} only {'applies' if len(given) == 1 else 'apply'} to the {other} protocol, "
+            f"and this evaluation uses the {config.protocol} one (--protocol)"
+        )
+
+
 def evaluate_run(
     run_dir: str | Path,
     *,
@@ -445,6 +464,7 @@ def evaluate_run(
     GPU when on CUDA) and every process returns the whole result."""
     run = load_run(run_dir, settings=settings)
     eval_config = replace_checked(run.config.eval, overrides or {}, "eval")
+    _check_overrides_apply(eval_config, overrides or {})
     check_num_negatives(eval_config, run.model.config.num_items)  # before the data is read
     with data_parallel(device) as group:
         data = group.local_main_first(lambda: data_for_run(run, data_dir))
