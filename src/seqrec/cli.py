@@ -881,7 +881,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(err)
     except KeyboardInterrupt as err:
         how = "terminated" if isinstance(err, _Terminated) else "interrupted"
-        resume = "; a training run resumes with --resume" if args.command == "train" else ""
+        resume = "; a training run resumes with --resume" if _has_checkpoint(args) else ""
         print(f"{how}{resume}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(err, _Terminated) else EXIT_INTERRUPTED
     except Exception as err:  # the last line of defence: one line, not a traceback wall
@@ -892,6 +892,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _has_checkpoint(args: argparse.Namespace) -> bool:
+    """Whether an interrupted ``train`` left a checkpoint to resume from (one stopped before
+    its first leaves nothing behind)."""
+    from seqrec.training.checkpoint import STATE
+
+    out = getattr(args, "out", None)
+    return args.command == "train" and out is not None and (Path(out) / STATE).is_file()
 
 
 def import_plugins(names: Sequence[str]) -> None:

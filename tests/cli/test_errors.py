@@ -11,8 +11,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+import seqrec.cli as cli_module
 import seqrec.nn.selective_scan as selective_scan_module
 from seqrec.cli import main
+from seqrec.training.checkpoint import STATE
 from tests.cli.helpers import one_error_line, run_seqrec, tiny_raw, write_yaml
 
 
@@ -306,6 +308,30 @@ def test_sampled_validation_of_a_generative_model_is_refused_before_training(
         "top-k list, so validate it with eval.protocol: full"
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_an_interrupted_train_suggests_resume_only_when_there_is_a_checkpoint(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    checkpointed: bool,
+) -> None:
+    """Stopped during data preparation it once said "a training run resumes with --resume",
+    with no run directory to resume."""
+    out = tmp_path / "run"
+    if checkpointed:
+        out.mkdir()
+        (out / STATE).write_bytes(b"")
+
+    def stopped(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "cmd_train", stopped)
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw())
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 130
+    resume = "; a training run resumes with --resume" if checkpointed else ""
+    assert capsys.readouterr().err == f"interrupted{resume}\n"
 
 
 # ---------------------------------------------------------------- run directory errors
