@@ -361,6 +361,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"seqrec serve needs the serve extra ({err}): pip install 'seqrec[serve]'"
         ) from None
+    if args.max_sessions < 1:  # refused whether or not the model holds sessions
+        raise ConfigError(f"--max-sessions must be >= 1, got {args.max_sessions}")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")

@@ -395,7 +395,12 @@ def test_a_port_out_of_range_is_a_config_error(port: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flag", "value", "named"), [("--port", "70000", "65535"), ("--threads", "0", "--threads")]
+    ("flag", "value", "named"),
+    [
+        ("--port", "70000", "65535"),
+        ("--threads", "0", "--threads"),
+        ("--max-sessions", "0", "--max-sessions must be >= 1"),  # accepted for SASRec once
+    ],
 )
 def test_seqrec_serve_refuses_a_flag_out_of_range_in_one_line(
     tiny_run: Path, flag: str, value: str, named: str

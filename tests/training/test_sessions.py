@@ -252,6 +252,9 @@ def test_session_routes_refuse_bad_requests(base: str, items: list[str]) -> None
     assert status == 422
     assert answer["detail"]["error"] == "cannot start: no known item in the history"
     assert call(base, "/sessions/never", method="DELETE")[0] == 404
+    status, answer = call(base, "/sessions/never/events", {"item": "nope"})
+    assert status == 404  # no session comes first: it was 422 for the unknown item
+    assert "PUT /sessions/never with the history to start it" in answer["detail"]
 
 
 @pytest.mark.parametrize(

@@ -99,11 +99,13 @@ class SessionStore:
         (session unchanged) for an item outside the catalogue."""
         check_k(k)
         ids, _ = self.predictor.id_map.item_to_internal([str(item)])
-        if len(ids) == 0:
-            raise ValueError(f"item {item!r} is not in the model's catalogue; session unchanged")
         with self.predictor.exclusive() as model, torch.inference_mode():
             assert isinstance(model, RecurrentRecommender)
             session = self._sessions[session_id]  # KeyError: not started, or dropped
+            if len(ids) == 0:  # after the session: a session not held is that error first
+                raise ValueError(
+                    f"item {item!r} is not in the model's catalogue; session unchanged"
+                )
             item_ids = torch.from_numpy(ids).to(self.predictor.device)
             session.state, scores = model.step(session.state, item_ids)
             session.seen.add(int(ids[0]))
