@@ -635,6 +635,19 @@ def test_prefix_examples_train_what_every_prefix_of_a_row_trains(stage: int) -> 
         ({"depth": 3}, "stage-1 RecRec has no reasoner"),
         ({"backbone_options": {"hiden": 1}}, r"unknown key\(s\) model.backbone_options.hiden"),
         ({"backbone_options": {"hidden_size": 8}}, "may not set hidden_size"),
+        (  # ignored once (and "loss" failed with "got multiple values for keyword argument")
+            {"backbone_options": {"loss": "bce", "num_negatives": 64}},
+            r"may not set loss, num_negatives: they shape sasrec's own training objective, "
+            "and recrec trains its backbone with its own loss",
+        ),
+        (
+            {
+                "backbone": "bert4rec",
+                "train_positions": "last",
+                "backbone_options": {"mask_prob": 0.9},
+            },
+            "may not set mask_prob: they shape bert4rec's own",
+        ),
         (
             {"backbone_options": {"init_std": -1.0}},
             "model.backbone_options.init_std must be a finite number > 0",

@@ -32,8 +32,14 @@ def backbone_config(cls: type[C], wrapper: ModelConfig, options: object) -> C:
             f"{OPTIONS_KEY} may not set {', '.join(clash)}: set them on the model "
             "(num_items and num_users come from the data)"
         )
+    objective = sorted(set(options) & set(cls.objective_fields))
+    if objective:
+        raise ConfigError(
+            f"{OPTIONS_KEY} may not set {', '.join(objective)}: they shape {cls.name}'s own "
+            f"training objective, and {wrapper.name} trains its backbone with its own loss"
+        )
     valid = {f.name for f in dataclasses.fields(cls) if f.init}
-    allowed = sorted(valid - {*SHARED_BACKBONE_FIELDS, *_FROM_DATA})
+    allowed = sorted(valid - {*SHARED_BACKBONE_FIELDS, *_FROM_DATA, *cls.objective_fields})
     unknown = sorted(set(options) - valid)
     if unknown:
         raise ConfigError(

@@ -34,6 +34,10 @@ class ModelConfig:
     # the inputs. False for BERT4Rec's cloze and BPR-MF's positives, which strided training
     # windows (``train.window_stride``, older labels PAD_ID) would train again.
     targets_from_labels: ClassVar[bool] = True
+    # Fields that only shape the model's own training objective (its loss and negatives,
+    # BERT4Rec's masking): a wrapper that trains it as a backbone with a loss of its own
+    # (RecRec, ReaRec) refuses them in model.backbone_options, where they would do nothing.
+    objective_fields: ClassVar[tuple[str, ...]] = ()
     num_items: int  # catalogue size N; item ids are 1..N, 0 is padding
     num_users: int = 0  # users in the training data (models with a user embedding)
     max_seq_len: int = 50  # histories are truncated to their most recent max_seq_len items

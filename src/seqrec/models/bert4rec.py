@@ -64,6 +64,12 @@ from seqrec.nn.masks import padding_bias
 class BERT4RecConfig(ItemLossConfig):
     name: ClassVar[str] = "bert4rec"
     targets_from_labels: ClassVar[bool] = False  # its cloze masks the inputs
+    objective_fields: ClassVar[tuple[str, ...]] = (
+        *ItemLossConfig.objective_fields,
+        "mask_prob",
+        "mask_token_prob",
+        "last_item_mask_prob",
+    )
     max_seq_len: int = 200  # N: 200 on ML-1M, 50 on Beauty (paper); [MASK] included
     hidden_size: int = 64  # d (paper: 2 heads of 32)
     num_layers: int = 2

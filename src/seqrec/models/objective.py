@@ -43,6 +43,16 @@ class ItemLossConfig(ModelConfig):
     """Loss fields of every next-item scorer; subclasses narrow ``supported_losses``."""
 
     supported_losses: ClassVar[tuple[LossName, ...]] = ALL_LOSSES
+    objective_fields: ClassVar[tuple[str, ...]] = (
+        "loss",
+        "num_negatives",
+        "negative_sampler",
+        "shared_negatives",
+        "sampling_alpha",
+        "logq_correction",
+        "gbce_t",
+        "bpr_max_reg",
+    )
     # ce: full softmax over the catalogue; bce: SASRec's binary cross-entropy; sampled_softmax
     # (with logQ correction); gbce: gSASRec's generalised BCE; bpr / bpr_max / top1_max:
     # pairwise losses of BPR and GRU4Rec+.
