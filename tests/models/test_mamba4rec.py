@@ -251,7 +251,7 @@ def test_cuda_scan_without_the_kernel_fails_at_construction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(scan_module, "_mamba_kernel", lambda: None)
-    with pytest.raises(RuntimeError, match=r"pip install 'seqrec\[mamba\]'"):
+    with pytest.raises(ConfigError, match=r"^model\.scan 'cuda': .*pip install 'seqrec\[mamba\]'"):
         build(scan="cuda")
     with pytest.raises(ConfigError, match="scan: 'triton' is not one of"):
         build_model_config({"name": "mamba4rec", "scan": "triton"}, num_items=NUM_ITEMS)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from seqrec.batch import PAD_ID, BatchNeeds, SeqBatch
 from seqrec.config import ConfigError
-from seqrec.models import build_model, build_model_config
+from seqrec.models import build_model, build_model_config, objective
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.models.sasrec import SASRec
 from tests.tiny import NUM_ITEMS, NUM_USERS
@@ -161,3 +161,26 @@ def test_a_sampled_loss_without_negatives_says_what_is_missing(batch: SeqBatch) 
     model = sasrec(loss="bpr", num_negatives=2)
     with pytest.raises(ValueError, match="loss 'bpr' needs batch.negatives"):
         model(dataclasses.replace(batch, negatives=None))
+
+
+@pytest.mark.parametrize(
+    ("values", "unread"),
+    [
+        ({"loss": "ce", "num_negatives": 64, "gbce_t": 0.5}, "model.num_negatives, model.gbce_t"),
+        ({"loss": "bce", "logq_correction": False}, "model.logq_correction"),
+        ({"loss": "bce", "sampling_alpha": 0.3}, "model.sampling_alpha"),  # uniform sampler
+    ],
+)
+def test_a_loss_field_the_loss_never_reads_is_named(
+    values: dict[str, Any], unread: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """These trained exactly as without them, and nothing said so."""
+    objective._warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger="seqrec.models.objective"):
+        build_model_config({"name": "sasrec", **values}, num_items=NUM_ITEMS)
+        build_model_config({"name": "sasrec", **values}, num_items=NUM_ITEMS)  # said once
+    assert [r.getMessage().split(" do")[0] for r in caplog.records] == [unread]
+    caplog.clear()
+    read = {"name": "sasrec", "loss": "sampled_softmax", "logq_correction": False}
+    build_model_config(read, num_items=NUM_ITEMS)
+    assert not caplog.records

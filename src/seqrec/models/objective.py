@@ -9,6 +9,9 @@ choice fails when the config is built, not mid-training.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar, Literal, get_args
@@ -33,9 +36,28 @@ from seqrec.losses import (
 from seqrec.models.base import ModelConfig
 from seqrec.nn.row_gather import gather_rows
 
+logger = logging.getLogger(__name__)
+
 LossName = Literal["ce", "bce", "sampled_softmax", "gbce", "bpr", "bpr_max", "top1_max"]
 ALL_LOSSES: tuple[LossName, ...] = get_args(LossName)
 SAMPLED: tuple[LossName, ...] = tuple(name for name in ALL_LOSSES if name != "ce")
+
+
+@functools.cache
+def _warn_once(message: str) -> None:  # a config is built more than once per command
+    logger.warning(message)
+
+
+LOSS_FIELDS = (  # ItemLossConfig's fields
+    "loss",
+    "num_negatives",
+    "negative_sampler",
+    "shared_negatives",
+    "sampling_alpha",
+    "logq_correction",
+    "gbce_t",
+    "bpr_max_reg",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,16 +65,7 @@ class ItemLossConfig(ModelConfig):
     """Loss fields of every next-item scorer; subclasses narrow ``supported_losses``."""
 
     supported_losses: ClassVar[tuple[LossName, ...]] = ALL_LOSSES
-    objective_fields: ClassVar[tuple[str, ...]] = (
-        "loss",
-        "num_negatives",
-        "negative_sampler",
-        "shared_negatives",
-        "sampling_alpha",
-        "logq_correction",
-        "gbce_t",
-        "bpr_max_reg",
-    )
+    objective_fields: ClassVar[tuple[str, ...]] = LOSS_FIELDS
     # ce: full softmax over the catalogue; bce: SASRec's binary cross-entropy; sampled_softmax
     # (with logQ correction); gbce: gSASRec's generalised BCE; bpr / bpr_max / top1_max:
     # pairwise losses of BPR and GRU4Rec+.
@@ -81,6 +94,35 @@ class ItemLossConfig(ModelConfig):
             raise ConfigError(
                 "model.negative_sampler 'distinct' draws one set per sequence; "
                 "set model.shared_negatives: true"
+            )
+        self._check_unread_loss_fields()
+
+    def _unread_loss_fields(self) -> list[str]:
+        """The loss fields that the chosen loss and sampler never read."""
+        if self.loss == "ce":
+            return [name for name in LOSS_FIELDS if name != "loss"]
+        unread = {
+            "logq_correction": self.loss != "sampled_softmax",
+            "gbce_t": self.loss != "gbce",
+            "bpr_max_reg": self.loss != "bpr_max",
+            "sampling_alpha": self.negative_sampler != "popularity",
+        }
+        return [name for name, is_unread in unread.items() if is_unread]
+
+    def _check_unread_loss_fields(self) -> None:
+        """A loss field set away from this model's default where nothing reads it changes
+        nothing (num_negatives with loss: ce, say): a warning, not an error, so that a
+        config's loss can still be switched with --set and nothing else."""
+        defaults = {spec.name: spec.default for spec in dataclasses.fields(type(self))}
+        changed = [
+            f"model.{name}"
+            for name in self._unread_loss_fields()
+            if getattr(self, name) != defaults[name]
+        ]
+        if changed:
+            _warn_once(
+                f"{', '.join(changed)} {'does' if len(changed) == 1 else 'do'} nothing with "
+                f"model.loss: {self.loss} and model.negative_sampler: {self.negative_sampler}"
             )
 
     @property
