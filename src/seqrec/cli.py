@@ -633,7 +633,10 @@ def _config_flags(parser: argparse.ArgumentParser, required: bool) -> None:
         "--config", required=required, help="experiment YAML (data/model/train/eval)"
     )
     parser.add_argument(
-        "--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key"
+        "--set",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key (repeat the flag for several: --set a.b=1 --set c.d=2)",
     )
 
 
@@ -642,7 +645,8 @@ def _inference_flag(parser: argparse.ArgumentParser) -> None:
         "--set",
         action="append",
         metavar="model.KEY=VALUE",
-        help="an inference setting of the trained model, e.g. model.depth=4 (RecRec)",
+        help="an inference setting of the trained model, e.g. model.depth=4 (RecRec); repeat "
+        "the flag for several",
     )
 
 
@@ -725,7 +729,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="SECTION.KEY=VALUE",
         help="an inference setting of the trained model (model.depth=4 for RecRec) or of the "
-        "evaluation (eval.ks=[10,50], eval.num_negatives=..., eval.negative_sampling=...)",
+        "evaluation (eval.ks=[10,50]; with --protocol sampled eval.num_negatives=...); repeat "
+        "the flag for several",
     )
     _common_data(p)
     p.set_defaults(handler=cmd_evaluate)

@@ -512,6 +512,15 @@ def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return value
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line: PyYAML's problem and where (its own text spans several lines, quoting the
+    source and naming it "<unicode string>")."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        return f"{err.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(err).split())
+
+
 def load_raw(
     path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -532,7 +541,8 @@ def load_raw(
         except OSError as err:
             raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
         except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+            problem = _yaml_problem(err)
+            raise ConfigError(f"config file {path} is not valid YAML: {problem}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
