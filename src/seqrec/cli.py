@@ -873,7 +873,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args)
     handler: Handler = args.handler
     try:
-        import_plugins([*args.imports, *os.environ.get(IMPORT_ENV, "").split(",")])
+        import_plugins(args.imports)
+        import_plugins(os.environ.get(IMPORT_ENV, "").split(","), source=IMPORT_ENV)
         with _sigterm_interrupts(launched_world_size() == 1):
             return handler(args)
     except BrokenPipeError as err:
@@ -910,9 +911,10 @@ def _has_checkpoint(args: argparse.Namespace) -> bool:
     return args.command == "train" and out is not None and (Path(out) / STATE).is_file()
 
 
-def import_plugins(names: Sequence[str]) -> None:
+def import_plugins(names: Sequence[str], source: str = "--import") -> None:
     """Import each module name (from the working directory too, as ``python -m`` does) or
-    .py file, so that what it registers (``@register_model``) is known to every command."""
+    .py file, so that what it registers (``@register_model``) is known to every command;
+    an error names ``source``, where the name came from."""
     for name in (n.strip() for n in names):
         if not name:
             continue
@@ -926,7 +928,7 @@ def import_plugins(names: Sequence[str]) -> None:
                 importlib.import_module(name)  # noqa: TID251
         except Exception as err:  # its own error, in one line: an import runs arbitrary code
             raise ConfigError(
-                f"--import {name}: {type(err).__name__}: {_error_text(err)}"
+                f"{source} {name}: {type(err).__name__}: {_error_text(err)}"
             ) from None
 
 

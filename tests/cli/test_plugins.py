@@ -113,6 +113,9 @@ def test_without_the_import_the_error_says_how(tmp_path: Path) -> None:
     done = run_seqrec("--import", broken, "data", "list")
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: --import {broken}: RuntimeError: no GPU here"
+    done = run_seqrec("data", "list", extra_env={"SEQREC_IMPORT": str(broken)})
+    assert done.returncode == 2  # named where it came from (it said --import)
+    assert done.stderr.strip() == f"error: SEQREC_IMPORT {broken}: RuntimeError: no GPU here"
     assert not os.path.exists(tmp_path / "run")
 
 

@@ -164,8 +164,9 @@ class ResidualOptions:
     def __post_init__(self) -> None:
         check_alphas(self.alphas)
         check_epsilons(self.epsilons)
-        if self.k < 1 or self.batch_size < 1 or self.recent < 1:
-            raise ValueError("k, batch_size and recent must be >= 1")
+        for name in ("k", "batch_size", "recent"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
