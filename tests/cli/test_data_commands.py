@@ -44,7 +44,8 @@ def test_data_info_synthetic_matches_the_generated_log(capsys: pytest.CaptureFix
     assert (info["users"], info["items"], info["interactions"]) == (users, items, interactions)
     assert info["mean_length"] == pytest.approx(interactions / users, abs=0.005)
     assert info["median_length"] == float(np.median(lengths))
-    assert info["density"] == pytest.approx(interactions / (users * items))
+    pairs = log.unique(["user_id", "item_id"]).height  # synthetic users repeat items
+    assert info["density"] == pytest.approx(pairs / (users * items))
     # leave-one-out: every user has >= 5 items, so all are evaluated and lose 2 to train
     assert info["split"] == "leave_one_out"
     assert info["valid_users"] == info["test_users"] == info["train_users"] == users

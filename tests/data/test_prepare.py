@@ -285,7 +285,7 @@ def test_describe_hand_computed(tmp_path: Path) -> None:
         "interactions": 7,
         "mean_length": 3.5,
         "median_length": 3.5,
-        "density": 7 / 6,
+        "density": 6 / 6,  # 6 distinct (user, item) pairs: u1 rated a twice (7 / 6 once)
         "timestamps": True,
         "split": "leave_one_out",
         "train_users": 2,

@@ -19,7 +19,6 @@ timestamps before the order-only sequences file), and the first folder with any 
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,6 @@ from pathlib import Path
 from seqrec.data.download import Extract, download_file
 from seqrec.data.readers import ReadFormat
 from seqrec.data.schema import DataError
-
-logger = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "SEQREC_DATA_DIR"
 CACHE_DIR_ENV = "SEQREC_CACHE_DIR"
@@ -361,7 +358,6 @@ def resolve_default_dataset(
     """("ml-1m", where it is) when ML-1M is local, cached or downloads; else ("synthetic", why)."""
     try:
         located = locate_dataset("ml-1m", data_dir, cache_dir=cache_dir, timeout=timeout)
-    except DataError as err:
-        logger.info("falling back to synthetic data: %s", err)
+    except DataError as err:  # the caller reports the reason (the demo: twice was enough)
         return "synthetic", f"ML-1M is not available ({err})"
     return "ml-1m", f"{located.path} ({located.origin})"

@@ -24,7 +24,8 @@ def describe(prepared: PreparedData) -> dict[str, Value]:
         "interactions": interactions,
         "mean_length": round(float(lengths.mean()), 2) if users else 0.0,
         "median_length": float(np.median(lengths)) if users else 0.0,
-        "density": interactions / (users * items) if users and items else 0.0,
+        # distinct (user, item) pairs: repeats would push it above 1
+        "density": _distinct_pairs(prepared) / (users * items) if users and items else 0.0,
         "timestamps": prepared.timestamps is not None,
         "split": split.protocol,
         "train_users": len(split.train),
@@ -32,6 +33,12 @@ def describe(prepared: PreparedData) -> dict[str, Value]:
         "valid_users": len(split.valid),
         "test_users": len(split.test),
     }
+
+
+def _distinct_pairs(prepared: PreparedData) -> int:
+    sequences = prepared.sequences
+    pairs = sequences.row_ids().astype(np.int64) * (prepared.num_items + 1) + sequences.items
+    return len(np.unique(pairs))
 
 
 def format_info(info: dict[str, Value]) -> str:
