@@ -624,7 +624,8 @@ def _common_data(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         default=None,
-        help="folder holding <dataset>/<file> (default: $SEQREC_DATA_DIR, then the cache)",
+        help="folder holding <dataset>/<file> (default: $SEQREC_DATA_DIR, then the cache); "
+        "for a run trained on a file of one's own, the folder that holds that file now",
     )
 
 

@@ -334,6 +334,29 @@ def test_an_interrupted_train_suggests_resume_only_when_there_is_a_checkpoint(
     assert capsys.readouterr().err == f"interrupted{resume}\n"
 
 
+def test_a_run_whose_log_moved_evaluates_with_data_dir(
+    run_copy: Path, file_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It once said only "data.path ... does not exist", and nothing could point the run at
+    the log's new place but editing config.json."""
+    config = json.loads((run_copy / "config.json").read_text())
+    trained_on = Path(config["data"]["path"])
+    config["data"]["path"] = str(tmp_path / "old" / trained_on.name)  # where it was
+    (run_copy / "config.json").write_text(json.dumps(config))
+    line = error_of(capsys, "evaluate", run_copy)
+    assert line == (
+        f"error: {tmp_path / 'old' / trained_on.name}, the file this run was trained on, does "
+        f"not exist; if it moved, pass --data-dir with the folder that now holds {trained_on.name}"
+    )
+    moved = tmp_path / "new"
+    moved.mkdir()
+    shutil.copy(trained_on, moved / trained_on.name)
+    assert main(["evaluate", str(run_copy), "--data-dir", str(moved), "--json"]) == 0
+    at_new_place = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", str(file_run), "--json"]) == 0
+    assert at_new_place == json.loads(capsys.readouterr().out)
+
+
 # ---------------------------------------------------------------- run directory errors
 @pytest.mark.parametrize("command", ["evaluate", "recommend"])
 def test_missing_run_directory(

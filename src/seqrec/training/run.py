@@ -21,6 +21,7 @@ import torch
 from seqrec import __version__
 from seqrec.config import (
     ConfigError,
+    DataConfig,
     EvalConfig,
     ExperimentConfig,
     SplitChoice,
@@ -29,6 +30,7 @@ from seqrec.config import (
     set_dotted,
 )
 from seqrec.data.prepare import prepare
+from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
 from seqrec.evaluation import EvalResult, check_num_negatives, evaluate_model
 from seqrec.models.base import (
@@ -415,18 +417,37 @@ def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> Prepared
 
     Without ``data_dir``, the folder the run was trained from is used while the file it was
     trained on is still there (no search of the usual places, no download of another file of
-    the dataset); else the usual places (``$SEQREC_DATA_DIR``, the cache, a download).
+    the dataset); else the usual places (``$SEQREC_DATA_DIR``, the cache, a download). A run
+    trained on a file of one's own (``dataset: file``) reads that file, or with ``data_dir``
+    the file of that name in it.
     """
-    trained_from = Path(str(run.resolved.get("dataset", {}).get("source", "")))
-    if data_dir is None and trained_from.is_file():
-        data_dir = trained_from.parent.parent
-    data = prepare(run.config.data, data_dir)
+    if run.config.data.dataset == "file":
+        data = prepare(_own_file(run.config.data, data_dir))
+    else:
+        trained_from = Path(str(run.resolved.get("dataset", {}).get("source", "")))
+        if data_dir is None and trained_from.is_file():
+            data_dir = trained_from.parent.parent
+        data = prepare(run.config.data, data_dir)
     if data.id_map.items != run.id_map.items or data.id_map.users != run.id_map.users:
         raise RunDirError(
             "the prepared data does not match the run's id map (the dataset or its "
             "preprocessing changed since training); evaluate with the data it was trained on"
         )
     return data
+
+
+def _own_file(config: DataConfig, data_dir: str | Path | None) -> DataConfig:
+    """The data section of a run trained on a file of one's own; with ``data_dir``, the file
+    of the same name in that folder (the log moved since training)."""
+    trained_on = Path(str(config.path))
+    if data_dir is not None:
+        return dataclasses.replace(config, path=str(Path(data_dir) / trained_on.name))
+    if not trained_on.exists():
+        raise DataError(
+            f"{trained_on}, the file this run was trained on, does not exist; if it moved, "
+            f"pass --data-dir with the folder that now holds {trained_on.name}"
+        )
+    return config
 
 
 # Eval settings that one protocol reads and the other does not: given explicitly for the
