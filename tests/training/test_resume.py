@@ -451,6 +451,21 @@ def test_a_run_started_before_a_new_config_field_resumes(tmp_path: Path) -> None
             train_experiment(experiment_from_raw(changed), run, resume=True)
 
 
+def test_resuming_below_the_epochs_trained_is_refused_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """It stopped at once and rewrote config.json with a max_epochs below the epochs that
+    results.json reports."""
+    run = train_isolated(tiny_raw(train={"max_epochs": 2}), tmp_path / "run", tmp_path / "c")
+    before = {name: (run / name).read_bytes() for name in ("config.json", "results.json")}
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path / "c")
+        lower = experiment_from_raw(tiny_raw(train={"max_epochs": 1}))
+        with pytest.raises(ConfigError, match=r"train\.max_epochs 1 is below the 2 epochs "):
+            train_experiment(lower, run, resume=True)
+    assert {name: (run / name).read_bytes() for name in before} == before
+
+
 def test_a_finished_run_trains_further_with_a_larger_max_epochs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -470,6 +470,14 @@ class Trainer:
         if self.optimizer is not None and saved["optimizer"] is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
         self.state = TrainingState(**saved["state"])
+        if self.config.train.max_epochs < self.state.epoch:
+            # It would stop at once and rewrite config.json with a max_epochs below the epochs
+            # results.json reports.
+            raise ConfigError(
+                f"train.max_epochs {self.config.train.max_epochs} is below the "
+                f"{self.state.epoch} epochs {self.run_dir} has trained; resume with "
+                f"train.max_epochs >= {self.state.epoch}"
+            )
         # The stopping settings may have changed since (a finished run resumed with a larger
         # train.max_epochs or patience trains on); unchanged settings give the saved verdict.
         self.state.finished = self._stop_reason() is not None
