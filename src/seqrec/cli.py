@@ -40,6 +40,7 @@ EXIT_PARTIAL = 3  # batch recommend: some lines could not be answered
 EXIT_STDOUT_CLOSED = 141  # what a shell reports for a process that SIGPIPE ended
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+RECOMMEND_FIELDS = ("line", "items", "scores", "unknown", "error")  # a batch output row
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -329,9 +330,6 @@ def _check_recommend_output(source: str, output: str) -> None:
             "which alone it replaces: choose another file, or remove it first"
         )
     _check_output("--output", output)
-
-
-RECOMMEND_FIELDS = ("line", "items", "scores", "unknown", "error")  # _recommend_batch's rows
 
 
 def _is_recommend_output(path: Path) -> bool:
@@ -906,10 +904,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _has_checkpoint(args: argparse.Namespace) -> bool:
     """Whether an interrupted ``train`` left a checkpoint to resume from (one stopped before
     its first leaves nothing behind)."""
-    from seqrec.training.checkpoint import STATE
+    if args.command != "train" or getattr(args, "out", None) is None:
+        return False
+    from seqrec.training.checkpoint import STATE  # torch: not for other commands' Ctrl-C
 
-    out = getattr(args, "out", None)
-    return args.command == "train" and out is not None and (Path(out) / STATE).is_file()
+    return (Path(args.out) / STATE).is_file()
 
 
 def import_plugins(names: Sequence[str], source: str = "--import") -> None:

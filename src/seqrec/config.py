@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
+import logging
 import math
 import operator
 from collections.abc import Callable, Mapping
@@ -101,6 +103,17 @@ def check_float(
     raise ConfigError(f"{key} must be {wanted}{null}, got {value}")
 
 
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    """A setting that will change nothing: said once, though a config is built several times
+    per command. A warning, not an error: --set cannot remove a key from a config file, so a
+    config's dataset, model or loss must stay switchable with --set alone."""
+    logger.warning(message)
+
+
 COLUMN_FIELDS = ("user_column", "item_column", "timestamp_column", "rating_column")
 SYNTHETIC_FIELDS = ("synthetic_users", "synthetic_items", "synthetic_seed")
 
@@ -157,7 +170,7 @@ class DataConfig:
     def _check_fields_of_other_datasets(self) -> None:
         """A column mapping is read only from a file of one's own (the registry's files have
         fixed layouts), the generator's settings only by the synthetic dataset: set for any
-        other dataset they would change nothing, silently."""
+        other dataset they change nothing, which a warning says."""
         defaults = {spec.name: spec.default for spec in dataclasses.fields(DataConfig)}
         own = {"file": COLUMN_FIELDS, "synthetic": SYNTHETIC_FIELDS}
         for dataset, names in own.items():
@@ -166,9 +179,9 @@ class DataConfig:
             changed = [name for name in names if getattr(self, name) != defaults[name]]
             if changed:
                 keys = ", ".join(f"data.{name}" for name in changed)
-                raise ConfigError(
+                warn_once(
                     f"{keys}: read only with data.dataset: {dataset}, not with "
-                    f"data.dataset: {self.dataset}; remove {'it' if len(changed) == 1 else 'them'}"
+                    f"data.dataset: {self.dataset}; ignored"
                 )
 
 
@@ -358,7 +371,7 @@ class TokenizerConfig:
 
     def _check_nothing_else_with_from_run(self) -> None:
         """The reused semantic IDs come with the settings they were fitted with: any other
-        value set here would change nothing, and config.json would record it."""
+        value set here changes nothing (config.json records it as given)."""
         defaults = TokenizerConfig()
         changed = [
             f"tokenizer.{spec.name}"
@@ -366,10 +379,9 @@ class TokenizerConfig:
             if spec.name != "from_run" and getattr(self, spec.name) != getattr(defaults, spec.name)
         ]
         if changed:
-            raise ConfigError(
+            warn_once(
                 f"tokenizer.from_run reuses that run's semantic IDs, fitted with its own "
-                f"settings; {', '.join(changed)} would change nothing: remove "
-                f"{'it' if len(changed) == 1 else 'them'}"
+                f"settings; {', '.join(changed)} change nothing"
             )
 
 
@@ -517,7 +529,8 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     source and naming it "<unicode string>")."""
     if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
         mark = err.problem_mark
-        return f"{err.problem} (line {mark.line + 1}, column {mark.column + 1})"
+        what = err.problem or err.context or "malformed YAML"
+        return f"{what} (line {mark.line + 1}, column {mark.column + 1})"
     return " ".join(str(err).split())
 
 

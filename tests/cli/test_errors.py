@@ -276,21 +276,6 @@ def test_an_unusable_scan_is_refused_before_the_data_is_read(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_tokenizer_section_for_a_model_without_semantic_ids_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """It was accepted, ignored and recorded in the run's config.json."""
-    raw = tiny_raw(data={"dataset": "file", "path": str(tmp_path / "absent.csv")})
-    raw["tokenizer"] = {"num_levels": 4}
-    config = write_yaml(tmp_path / "c.yaml", raw)
-    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
-    assert line == (
-        "error: the tokenizer section makes semantic IDs for generative models; sasrec does "
-        "not use them: remove the section"
-    )
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.parametrize("model", ["tiger", "trierec"])
 def test_sampled_validation_of_a_generative_model_is_refused_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str
@@ -350,11 +335,19 @@ def test_a_run_whose_log_moved_evaluates_with_data_dir(
     )
     moved = tmp_path / "new"
     moved.mkdir()
+    line = error_of(capsys, "evaluate", run_copy, "--data-dir", moved)
+    assert line.endswith(f"nor does {moved / trained_on.name} (--data-dir)")
     shutil.copy(trained_on, moved / trained_on.name)
     assert main(["evaluate", str(run_copy), "--data-dir", str(moved), "--json"]) == 0
     at_new_place = json.loads(capsys.readouterr().out)
     assert main(["evaluate", str(file_run), "--json"]) == 0
-    assert at_new_place == json.loads(capsys.readouterr().out)
+    original = json.loads(capsys.readouterr().out)
+    assert at_new_place == original
+    # a log still in its place is read there, whatever --data-dir says
+    assert (
+        main(["evaluate", str(file_run), "--data-dir", str(tmp_path / "elsewhere"), "--json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out) == original
 
 
 # ---------------------------------------------------------------- run directory errors

@@ -243,6 +243,14 @@ def test_set_on_evaluate_refuses_bad_or_training_settings(
     assert message in one_error_line(capsys.readouterr().err)
 
 
+def test_sampled_with_filter_seen_is_what_it_does_anyway(
+    file_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only --no-filter-seen is refused with it (the docs' commands pass --filter-seen)."""
+    sampled = evaluate_json(capsys, str(file_run), "--protocol", "sampled")
+    assert evaluate_json(capsys, str(file_run), "--protocol", "sampled", "--filter-seen") == sampled
+
+
 def read_ranks(path: Path) -> pl.DataFrame:
     if path.suffix == ".csv":
         return pl.read_csv(path, schema_overrides={"user_id": pl.String, "target": pl.String})

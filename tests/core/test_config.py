@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from seqrec.config import (
     from_dict,
     load_raw,
     set_dotted,
+    warn_once,
 )
+from seqrec.training.loop import check_train_config
 
 
 def test_the_issue_minimal_config_is_complete() -> None:
@@ -99,10 +102,6 @@ def test_value_validation() -> None:
         DataConfig(dataset="file")
     with pytest.raises(ConfigError, match="data.path is read only with data.dataset: file"):
         DataConfig(path="my_log.csv")  # the default dataset would be read instead of the file
-    with pytest.raises(ConfigError, match=r"^data\.user_column, data\.rating_column: read only "):
-        DataConfig(user_column="uid", rating_column="stars")  # ml-1m's files have fixed layouts
-    with pytest.raises(ConfigError, match=r"^data\.synthetic_users: read only with data.dataset: "):
-        DataConfig(dataset="file", path="log.csv", synthetic_users=10)
     with pytest.raises(ConfigError, match=r"data\.synthetic_users must be >= 1 .* got 0 and 1000"):
         DataConfig(dataset="synthetic", synthetic_users=0)
 
@@ -292,8 +291,45 @@ def test_config_path_that_is_a_directory_says_so(tmp_path: Path) -> None:
         load_raw(tmp_path)
 
 
-def test_tokenizer_settings_beside_from_run_are_refused() -> None:
-    """They were ignored (the reused IDs keep their own) and recorded in config.json."""
-    TokenizerConfig(from_run="runs/tiger")  # alone: fine
-    with pytest.raises(ConfigError, match=r"tokenizer\.method, tokenizer\.num_levels would "):
-        TokenizerConfig(from_run="runs/tiger", num_levels=5, method="rqkmeans")
+@pytest.mark.parametrize(
+    ("build", "warning"),
+    [
+        (  # ml-1m's files have fixed layouts
+            lambda: DataConfig(user_column="uid", rating_column="stars"),
+            "data.user_column, data.rating_column: read only with data.dataset: file, not with "
+            "data.dataset: ml-1m; ignored",
+        ),
+        (
+            lambda: DataConfig(dataset="file", path="log.csv", synthetic_users=10),
+            "data.synthetic_users: read only with data.dataset: synthetic, not with "
+            "data.dataset: file; ignored",
+        ),
+        (  # the reused IDs keep the settings they were fitted with
+            lambda: TokenizerConfig(from_run="runs/tiger", num_levels=5, method="rqkmeans"),
+            "tokenizer.from_run reuses that run's semantic IDs, fitted with its own settings; "
+            "tokenizer.method, tokenizer.num_levels change nothing",
+        ),
+        (
+            lambda: check_train_config(
+                experiment_from_raw({"model": {"name": "sasrec"}, "tokenizer": {"num_levels": 4}})
+            ),
+            "the tokenizer section makes semantic IDs for generative models; sasrec does not "
+            "use them: ignored",
+        ),
+    ],
+    ids=["columns", "synthetic", "from_run", "tokenizer"],
+)
+def test_a_setting_that_changes_nothing_is_named_once(
+    build: Callable[[], object], warning: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """These were accepted and ignored without a word (a warning, not an error: --set cannot
+    remove a key, and a config's dataset must stay switchable with --set alone)."""
+    warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger="seqrec.config"):
+        build()
+        build()
+    assert [record.getMessage() for record in caplog.records] == [warning]
+    caplog.clear()
+    TokenizerConfig(from_run="runs/tiger")  # alone: nothing to say
+    DataConfig(dataset="file", path="log.csv", user_column="uid")
+    assert not caplog.records

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from seqrec.batch import PAD_ID, BatchNeeds, SeqBatch
-from seqrec.config import ConfigError
-from seqrec.models import build_model, build_model_config, objective
+from seqrec.config import ConfigError, warn_once
+from seqrec.models import build_model, build_model_config
 from seqrec.models.objective import ItemLossConfig, LossName, dot_product_loss
 from seqrec.models.sasrec import SASRec
 from tests.tiny import NUM_ITEMS, NUM_USERS
@@ -175,8 +175,8 @@ def test_a_loss_field_the_loss_never_reads_is_named(
     values: dict[str, Any], unread: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """These trained exactly as without them, and nothing said so."""
-    objective._warn_once.cache_clear()
-    with caplog.at_level("WARNING", logger="seqrec.models.objective"):
+    warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger="seqrec.config"):
         build_model_config({"name": "sasrec", **values}, num_items=NUM_ITEMS)
         build_model_config({"name": "sasrec", **values}, num_items=NUM_ITEMS)  # said once
     assert [r.getMessage().split(" do")[0] for r in caplog.records] == [unread]

@@ -630,9 +630,9 @@ def _parse_datetimes(values: pl.Series, formats: int = 8) -> pl.Series:
     other null: the values left are parsed again, each time in the format of the first of
     them, so a log whose writers changed format (``Z``, an offset, a space) reads whole."""
     out = pl.Series(values.name, [None] * len(values), dtype=pl.Int64)
-    # Only ISO's year-first dates: polars would read 02/01/2020 as 2 January (day first)
-    # without a word, and a log written month first would be silently misordered.
-    iso = values.str.contains(r"^\s*\d{4}-\d{2}-\d{2}").fill_null(False)
+    # Only year-first dates: polars would read 02/01/2020 as 2 January (day first) without a
+    # word, and a log written month first would be silently misordered.
+    iso = values.str.contains(r"^\s*\d{4}[-/]\d{1,2}[-/]\d{1,2}").fill_null(False)
     for _ in range(formats):
         left = out.is_null() & iso
         if not left.any():

@@ -118,7 +118,10 @@ class SequentialRecommender(nn.Module, ABC):
     def recommend(
         self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
     ) -> Tensor:
-        """(B, L) left-padded histories -> (B, k) item ids, best first; never PAD_ID."""
+        """(B, L) left-padded histories -> (B, k) item ids, best first; never PAD_ID.
+
+        L may exceed max_seq_len (evaluation with filter-seen, serving): a model reads the last
+        max_seq_len items, and ``exclude_seen`` excludes every item it is given."""
 
     @property
     def batch_needs(self) -> BatchNeeds:

@@ -10,8 +10,6 @@ choice fails when the config is built, not mid-training.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
 from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar, Literal, get_args
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, BatchNeeds, NegativeSampler, SeqBatch
-from seqrec.config import ConfigError, check_float
+from seqrec.config import ConfigError, check_float, warn_once
 from seqrec.losses import (
     SampledLoss,
     bce_with_negatives,
@@ -36,28 +34,9 @@ from seqrec.losses import (
 from seqrec.models.base import ModelConfig
 from seqrec.nn.row_gather import gather_rows
 
-logger = logging.getLogger(__name__)
-
 LossName = Literal["ce", "bce", "sampled_softmax", "gbce", "bpr", "bpr_max", "top1_max"]
 ALL_LOSSES: tuple[LossName, ...] = get_args(LossName)
 SAMPLED: tuple[LossName, ...] = tuple(name for name in ALL_LOSSES if name != "ce")
-
-
-@functools.cache
-def _warn_once(message: str) -> None:  # a config is built more than once per command
-    logger.warning(message)
-
-
-LOSS_FIELDS = (  # ItemLossConfig's fields
-    "loss",
-    "num_negatives",
-    "negative_sampler",
-    "shared_negatives",
-    "sampling_alpha",
-    "logq_correction",
-    "gbce_t",
-    "bpr_max_reg",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +44,6 @@ class ItemLossConfig(ModelConfig):
     """Loss fields of every next-item scorer; subclasses narrow ``supported_losses``."""
 
     supported_losses: ClassVar[tuple[LossName, ...]] = ALL_LOSSES
-    objective_fields: ClassVar[tuple[str, ...]] = LOSS_FIELDS
     # ce: full softmax over the catalogue; bce: SASRec's binary cross-entropy; sampled_softmax
     # (with logQ correction); gbce: gSASRec's generalised BCE; bpr / bpr_max / top1_max:
     # pairwise losses of BPR and GRU4Rec+.
@@ -100,7 +78,7 @@ class ItemLossConfig(ModelConfig):
     def _unread_loss_fields(self) -> list[str]:
         """The loss fields that the chosen loss and sampler never read."""
         if self.loss == "ce":
-            return [name for name in LOSS_FIELDS if name != "loss"]
+            return [name for name in loss_fields() if name != "loss"]
         unread = {
             "logq_correction": self.loss != "sampled_softmax",
             "gbce_t": self.loss != "gbce",
@@ -111,8 +89,7 @@ class ItemLossConfig(ModelConfig):
 
     def _check_unread_loss_fields(self) -> None:
         """A loss field set away from this model's default where nothing reads it changes
-        nothing (num_negatives with loss: ce, say): a warning, not an error, so that a
-        config's loss can still be switched with --set and nothing else."""
+        nothing (num_negatives with loss: ce, say): ``warn_once`` says so."""
         defaults = {spec.name: spec.default for spec in dataclasses.fields(type(self))}
         changed = [
             f"model.{name}"
@@ -120,7 +97,7 @@ class ItemLossConfig(ModelConfig):
             if getattr(self, name) != defaults[name]
         ]
         if changed:
-            _warn_once(
+            warn_once(
                 f"{', '.join(changed)} {'does' if len(changed) == 1 else 'do'} nothing with "
                 f"model.loss: {self.loss} and model.negative_sampler: {self.negative_sampler}"
             )
@@ -155,6 +132,18 @@ class ItemLossConfig(ModelConfig):
             sampling_alpha=self.sampling_alpha,
             log_q=corrected and self.negative_sampler not in ("uniform", "distinct"),
         )
+
+
+def loss_fields() -> tuple[str, ...]:
+    """``ItemLossConfig``'s own fields: the loss menu's settings."""
+    shared = {spec.name for spec in dataclasses.fields(ModelConfig)}
+    return tuple(
+        spec.name for spec in dataclasses.fields(ItemLossConfig) if spec.name not in shared
+    )
+
+
+# Set once the class exists (its fields are read off it), for every model of the loss menu.
+ItemLossConfig.objective_fields = loss_fields()
 
 
 def _sampled_loss(config: ItemLossConfig) -> SampledLoss:

@@ -26,7 +26,7 @@ from torch import nn
 from tqdm import tqdm
 
 from seqrec.batch import ModelOutput, SeqBatch
-from seqrec.config import ConfigError, ExperimentConfig, TokenizerConfig, TrainConfig
+from seqrec.config import ConfigError, ExperimentConfig, TokenizerConfig, TrainConfig, warn_once
 from seqrec.data.batches import TrainBatches
 from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
@@ -97,11 +97,15 @@ def check_train_config(config: ExperimentConfig) -> None:
     model_config = build_model_config(config.model, num_items=1, num_users=1)
     model_config.check_runnable()
     _check_window_stride(config, model_config)
+    _check_validation_protocol(config, model_config)
     if not model_config.uses_semantic_ids and config.tokenizer != TokenizerConfig():
-        raise ConfigError(
+        warn_once(
             f"the tokenizer section makes semantic IDs for generative models; "
-            f"{model_config.name} does not use them: remove the section"
+            f"{model_config.name} does not use them: ignored"
         )
+
+
+def _check_validation_protocol(config: ExperimentConfig, model_config: ModelConfig) -> None:
     if config.eval.protocol == "sampled" and not issubclass(
         MODELS.get(model_config.name), ScoringRecommender
     ):

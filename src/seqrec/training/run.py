@@ -418,8 +418,8 @@ def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> Prepared
     Without ``data_dir``, the folder the run was trained from is used while the file it was
     trained on is still there (no search of the usual places, no download of another file of
     the dataset); else the usual places (``$SEQREC_DATA_DIR``, the cache, a download). A run
-    trained on a file of one's own (``dataset: file``) reads that file, or with ``data_dir``
-    the file of that name in it.
+    trained on a file of one's own (``dataset: file``) reads that file while it exists, else
+    the file of that name in ``data_dir`` (the log moved).
     """
     if run.config.data.dataset == "file":
         data = prepare(_own_file(run.config.data, data_dir))
@@ -437,28 +437,37 @@ def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> Prepared
 
 
 def _own_file(config: DataConfig, data_dir: str | Path | None) -> DataConfig:
-    """The data section of a run trained on a file of one's own; with ``data_dir``, the file
-    of the same name in that folder (the log moved since training)."""
+    """The data section of a run trained on a file of one's own: its file, or once it has
+    moved, the file of the same name in ``data_dir``."""
     trained_on = Path(str(config.path))
-    if data_dir is not None:
-        return dataclasses.replace(config, path=str(Path(data_dir) / trained_on.name))
-    if not trained_on.exists():
+    if trained_on.exists():
+        return config
+    if data_dir is None:
         raise DataError(
             f"{trained_on}, the file this run was trained on, does not exist; if it moved, "
             f"pass --data-dir with the folder that now holds {trained_on.name}"
         )
-    return config
+    moved = Path(data_dir) / trained_on.name
+    if not moved.exists():
+        raise DataError(
+            f"{trained_on}, the file this run was trained on, does not exist, nor does "
+            f"{moved} (--data-dir)"
+        )
+    return dataclasses.replace(config, path=str(moved))
 
 
-# Eval settings that one protocol reads and the other does not: given explicitly for the
-# other, they would change nothing, silently.
+# Eval settings that the full protocol does not read: given explicitly for it, they would
+# change nothing, silently.
 _SAMPLED_ONLY = ("num_negatives", "negative_sampling", "seed")
-_FULL_ONLY = ("filter_seen",)  # the sampled protocol always draws among unseen items
 
 
 def _check_overrides_apply(config: EvalConfig, overrides: Mapping[str, Any]) -> None:
-    unused = _FULL_ONLY if config.protocol == "sampled" else _SAMPLED_ONLY
-    given = [key for key in unused if key in overrides]
+    """The sampled protocol always draws its negatives among unseen items: filter_seen false
+    changes nothing there (true is what it does)."""
+    if config.protocol == "sampled":
+        given = ["filter_seen"] if overrides.get("filter_seen") is False else []
+    else:
+        given = [key for key in _SAMPLED_ONLY if key in overrides]
     if given:
         keys = ", ".join(f"eval.{key}" for key in given)
         other = "full" if config.protocol == "sampled" else "sampled"
