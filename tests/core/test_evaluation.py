@@ -373,8 +373,8 @@ def test_a_nan_score_is_a_miss_not_a_hit() -> None:
     assert run(config, weights)[1] == 2  # ... and second behind a NaN
 
 
-class ShortLists(SequentialRecommender):
-    """A generative-style model whose lists are shorter than the k it is asked for."""
+class ListingModel(SequentialRecommender):
+    """A generative-style model: a top-k list, no scores; subclasses say which list."""
 
     config_class = FixedConfig
 
@@ -383,6 +383,10 @@ class ShortLists(SequentialRecommender):
 
     def forward(self, batch: SeqBatch) -> ModelOutput:
         raise NotImplementedError
+
+
+class ShortLists(ListingModel):
+    """Lists shorter than the k it is asked for."""
 
     def recommend(
         self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
@@ -399,17 +403,9 @@ def test_a_list_or_score_matrix_of_the_wrong_shape_is_refused() -> None:
         evaluate(narrow, EVAL_SET, EvalConfig(), all_sequences=ALL, num_items=N)
 
 
-class TopByWeight(SequentialRecommender):
-    """A generative-style model listing items by ``WEIGHTS``; like TIGER it excludes every item
-    of the ``input_ids`` it is given, however long, when asked to."""
-
-    config_class = FixedConfig
-
-    def __init__(self) -> None:
-        super().__init__(FixedConfig(num_items=N, max_seq_len=4))
-
-    def forward(self, batch: SeqBatch) -> ModelOutput:
-        raise NotImplementedError
+class TopByWeight(ListingModel):
+    """Items by ``WEIGHTS``; like TIGER it excludes every item of the ``input_ids`` it is
+    given, however long, when asked to."""
 
     def recommend(
         self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
