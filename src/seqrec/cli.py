@@ -396,14 +396,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         raise DataError(f"cannot recommend: {rec.error}{unknown}")
     if rec.unknown:
         print(f"warning: unknown item ids ignored: {_ids_text(rec.unknown)}", file=sys.stderr)
-    scores = rec.scores or [float("nan")] * len(rec.items)
+    # a top-k model (TIGER) ranks without scores: a dash, not "nan"
+    scores = [f"{score:.4f}" for score in rec.scores] if rec.scores else ["-"] * len(rec.items)
     if args.json:
         print(json.dumps({"items": rec.items, "scores": rec.scores, "unknown": rec.unknown}))
     else:
         width = max(12, *(_display_width(item) for item in rec.items))
         print(f"{'rank':>4}  {_left('item', width)} score")
         for rank, (item, score) in enumerate(zip(rec.items, scores, strict=True), 1):
-            print(f"{rank:>4}  {_left(item, width)} {score:.4f}")
+            print(f"{rank:>4}  {_left(item, width)} {score}")
     return 0
 
 
@@ -556,6 +557,11 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     for run_dir, label in zip(args.run_dirs, run_labels(args.run_dirs), strict=True):
         run = load_run(run_dir)
         analyzable(run.model, users=True)
+        if args.recent > run.model.config.max_seq_len:  # positions the model never has
+            raise ConfigError(
+                f"--recent {args.recent} is above {run_dir}'s max_seq_len "
+                f"{run.model.config.max_seq_len}, the most positions it attends over"
+            )
         data = data_for_run(run, args.data_dir)
         source = str(run.resolved.get("dataset", {}).get("source", ""))
         movies, note = find_movies_file(

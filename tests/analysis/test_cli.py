@@ -10,6 +10,7 @@ import pytest
 
 import seqrec.analysis.figures
 from seqrec.cli import main
+from seqrec.training.checkpoint import load_run
 from seqrec.training.run import evaluate_run
 from tests.cli.helpers import one_error_line
 
@@ -201,6 +202,21 @@ def test_bad_counts_and_seeds_are_refused_before_any_work(
     argv = ["analyze", command, str(tmp_path / "no-run"), "--out", str(out), *flags]
     assert main(argv) == 2
     assert message in one_error_line(capsys.readouterr().err)  # before the missing run is read
+    assert not out.exists()
+
+
+def test_recent_beyond_the_models_window_is_refused(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--recent 10000 once asked for 160 GB; one above max_seq_len padded its heatmaps."""
+    window = load_run(trained_run).model.config.max_seq_len
+    out = tmp_path / "out"
+    argv = ["analyze", "attention", str(trained_run), "--out", str(out), "--recent"]
+    assert main([*argv, str(window + 1)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.endswith(
+        f"above {trained_run}'s max_seq_len {window}, the most positions it attends over"
+    )
     assert not out.exists()
 
 

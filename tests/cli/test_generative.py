@@ -76,6 +76,9 @@ def test_evaluate_and_recommend_a_generative_run(
     items = json.loads(capsys.readouterr().out)["items"]
     assert len(items) == 7
     assert not set(items) & set(history)  # the whole history is excluded, not only the window
+    assert main(["recommend", str(tiger_run), "--history", *history, "-k", "3"]) == 0
+    table = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[-1] for line in table] == ["-"] * 3  # no scores: it printed "nan"
 
 
 def test_another_run_reuses_the_semantic_ids(

@@ -120,6 +120,21 @@ def test_a_prefix_whose_items_are_all_excluded_takes_no_beam() -> None:
     assert kept.items.tolist() == [[1, 2, 3]]
 
 
+@pytest.mark.parametrize("name", ["tiger", "trierec"])
+def test_a_k_beyond_the_catalogue_is_answered_with_k_columns(name: str) -> None:
+    """It returned N columns for k > N, which the evaluator and recommend refuse as a wrong
+    shape (a scoring model answers such a k)."""
+    torch.manual_seed(0)
+    model = make(name)
+    model.set_semantic_ids(clustered_codes())
+    input_ids = histories()
+    for recommend in (model.recommend, model.recommend_reference):
+        top = recommend(input_ids, k=NUM_ITEMS + 5, exclude_seen=False)
+        assert top.shape == (input_ids.size(0), NUM_ITEMS + 5)
+        assert sorted(top[0, :NUM_ITEMS].tolist()) == list(range(1, NUM_ITEMS + 1))
+        assert (top[:, NUM_ITEMS:] == PAD_ID).all()
+
+
 def test_too_few_valid_items_end_in_padding() -> None:
     codes = torch.tensor([[-1, -1], [0, 0], [0, 1], [1, 0]])
     trie = CodeTrie.build(codes)

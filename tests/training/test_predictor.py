@@ -126,11 +126,16 @@ def test_k_must_be_positive(predictor: Predictor, items: list[str]) -> None:
 
 
 def test_a_history_given_as_a_string_is_refused(predictor: Predictor, items: list[str]) -> None:
-    """Its characters would otherwise be read as item ids, one history per character."""
-    with pytest.raises(TypeError, match="not strings"):
-        predictor.recommend([items[0]], k=3)  # type: ignore[list-item]
-    with pytest.raises(TypeError, match="a list of histories"):
+    """Its characters would otherwise be read as item ids, one history per character (bytes:
+    their values; a set has no order)."""
+    for history in (items[0], items[0].encode(), set(items[:2]), None, 7):
+        with pytest.raises(TypeError, match="a history must be a list of item ids, oldest first"):
+            predictor.recommend([history], k=3)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="a history must be a list of item ids"):
         predictor.recommend(f"{items[0]} {items[1]}", k=3)
+    for k in (2.5, True, "3", None):
+        with pytest.raises(TypeError, match="k must be an int"):
+            predictor.recommend([items[:3]], k=k)  # type: ignore[arg-type]
 
 
 def test_a_model_of_training_users_cannot_rank_a_history(tmp_path: Path) -> None:

@@ -75,6 +75,12 @@ def test_past_max_seq_len_a_session_has_read_every_item(
     assert answer.scores == pytest.approx(top.values.tolist(), abs=1e-4)
 
 
+def test_a_history_given_as_a_string_is_refused(predictor: Predictor, items: list[str]) -> None:
+    """start('u', '12') once started a session of items '1' and '2'."""
+    with pytest.raises(TypeError, match="a history must be a list of item ids"):
+        SessionStore(predictor).start("u", items[0])  # type: ignore[arg-type]
+
+
 def test_an_unknown_item_leaves_the_session_unchanged(
     predictor: Predictor, items: list[str]
 ) -> None:

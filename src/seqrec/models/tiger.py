@@ -335,17 +335,17 @@ class TIGER(SequentialRecommender):
         ``exclude_seen`` excludes every item of ``input_ids``, however long. If fewer than k
         items are valid (a tiny catalogue minus the history), the list ends in PAD_ID.
         """
-        k = min(k, self.config.num_items)
+        found = min(k, self.config.num_items)  # a k beyond the catalogue: PAD_ID after it
         memory, real = self.encode(input_ids, users)
         cross = self.cross_keys(memory)
         result = constrained_beam_search(
             lambda paths: self._step_log_probs(paths, cross, real),
             self.trie,
             batch_size=input_ids.size(0),
-            beam_size=max(self.config.beam_size, k),
+            beam_size=max(self.config.beam_size, found),
             exclude=input_ids if exclude_seen else None,
         )
-        return result.items[:, :k]
+        return F.pad(result.items[:, :found], (0, k - found), value=PAD_ID)
 
     @torch.no_grad()
     def recommend_reference(
@@ -354,7 +354,7 @@ class TIGER(SequentialRecommender):
         """The same ranking, one user and one beam at a time with a dict trie, re-running the
         decoder for every beam (as peers decode): the definition the fast path is tested
         against and the baseline it is timed against."""
-        k = min(k, self.config.num_items)
+        found = min(k, self.config.num_items)
         trie = DictTrie(self.trie)
         out = torch.full((input_ids.size(0), k), PAD_ID, dtype=torch.long)
         for row in range(input_ids.size(0)):
@@ -367,7 +367,7 @@ class TIGER(SequentialRecommender):
                 return self._step_log_probs(paths.view(1, 1, -1), cross, real)[0, 0].cpu()
 
             seen = set(input_ids[row].tolist()) - {PAD_ID} if exclude_seen else set()
-            found = reference_beam_search(step, trie, max(self.config.beam_size, k), seen)
-            items = [item for item, _ in found[:k]]
+            beams = reference_beam_search(step, trie, max(self.config.beam_size, found), seen)
+            items = [item for item, _ in beams[:found]]
             out[row, : len(items)] = torch.tensor(items, dtype=torch.long)
         return out.to(input_ids.device)

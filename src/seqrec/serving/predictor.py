@@ -118,12 +118,8 @@ class Predictor:
         check_k(k)
         check_serves_histories(self.model)
         histories = list(histories)  # str is refused below, not split into characters
-        if any(isinstance(h, str) for h in histories):
-            raise TypeError(
-                "histories must be a list of histories, each a list of item ids "
-                '(recommend([["1193", "661"]])), not strings, whose characters would be read '
-                "as item ids"
-            )
+        for history in histories:
+            check_history(history)
         config = with_inference_settings(self._config, settings or {})  # ConfigError
         known, unknown = self._encode(histories)
         results: list[Recommendation] = []
@@ -165,8 +161,20 @@ class Predictor:
 
 
 def check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {k!r}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+
+
+def check_history(history: object) -> None:
+    """A history is a list (or tuple) of item ids: a string or bytes would be read one
+    character at a time, a set has no order."""
+    if not isinstance(history, (list, tuple)):
+        raise TypeError(
+            "a history must be a list of item ids, oldest first (recommend([['1193', '661']]), "
+            f"start('u1', ['1193', '661'])), not {type(history).__name__} {history!r:.60}"
+        )
 
 
 def nothing_known(unknown: list[str]) -> Recommendation:

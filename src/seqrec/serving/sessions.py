@@ -26,6 +26,7 @@ from torch import Tensor
 from seqrec.serving.predictor import (
     Predictor,
     Recommendation,
+    check_history,
     check_k,
     nothing_known,
     top_items,
@@ -78,6 +79,7 @@ class SessionStore:
         """(Re)start a session from a history, oldest first; with no known item in it the
         session is not started and the answer carries ``error``."""
         check_k(k)
+        check_history(history)
         ids, unknown = self.predictor.id_map.item_to_internal([str(item) for item in history])
         if len(ids) == 0:
             return nothing_known(unknown)
