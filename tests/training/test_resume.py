@@ -444,8 +444,8 @@ def test_a_run_started_before_a_new_config_field_resumes(tmp_path: Path) -> None
     same = tiny_raw(train={"max_epochs": 1})
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path / "c")
-        outcome = train_experiment(experiment_from_raw(same), run, resume=True)
-        assert outcome.fit.epochs == 1
+        outcome = train_experiment(experiment_from_raw(same), str(run), resume=True)  # a str
+        assert outcome.fit.epochs == 1  # too: it once failed on "str / str"
         changed = tiny_raw(train={"max_epochs": 1, "init_from": str(run)})
         with pytest.raises(ConfigError, match=r"differs .*\(train\.init_from\)"):
             train_experiment(experiment_from_raw(changed), run, resume=True)

@@ -313,7 +313,7 @@ def _removed_unless_checkpointed(run_dir: Path) -> Iterator[None]:
 
 def train_experiment(
     config: ExperimentConfig,
-    run_dir: Path,
+    run_dir: str | Path,
     *,
     data_dir: str | Path | None = None,
     resume: bool = False,
@@ -327,7 +327,7 @@ def train_experiment(
     """
     timeout = timedelta(minutes=config.train.collective_timeout_minutes)
     with data_parallel(config.train.device, timeout) as group:
-        return _train_experiment(config, run_dir, group, data_dir, resume, on_epoch_end)
+        return _train_experiment(config, Path(run_dir), group, data_dir, resume, on_epoch_end)
 
 
 def _holds_a_run(run_dir: Path, resume: bool) -> bool:
