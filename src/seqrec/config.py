@@ -15,7 +15,7 @@ import functools
 import logging
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -114,6 +114,13 @@ def warn_once(message: str) -> None:
     logger.warning(message)
 
 
+def changed_from_default(config: Any, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` whose value in the dataclass instance ``config`` differs from its
+    own class's default."""
+    defaults = {spec.name: spec.default for spec in dataclasses.fields(config)}
+    return [name for name in names if getattr(config, name) != defaults[name]]
+
+
 COLUMN_FIELDS = ("user_column", "item_column", "timestamp_column", "rating_column")
 SYNTHETIC_FIELDS = ("synthetic_users", "synthetic_items", "synthetic_seed")
 
@@ -171,12 +178,11 @@ class DataConfig:
         """A column mapping is read only from a file of one's own (the registry's files have
         fixed layouts), the generator's settings only by the synthetic dataset: set for any
         other dataset they change nothing, which a warning says."""
-        defaults = {spec.name: spec.default for spec in dataclasses.fields(DataConfig)}
         own = {"file": COLUMN_FIELDS, "synthetic": SYNTHETIC_FIELDS}
         for dataset, names in own.items():
             if self.dataset == dataset:
                 continue
-            changed = [name for name in names if getattr(self, name) != defaults[name]]
+            changed = changed_from_default(self, names)
             if changed:
                 keys = ", ".join(f"data.{name}" for name in changed)
                 warn_once(
@@ -372,16 +378,12 @@ class TokenizerConfig:
     def _check_nothing_else_with_from_run(self) -> None:
         """The reused semantic IDs come with the settings they were fitted with: any other
         value set here changes nothing (config.json records it as given)."""
-        defaults = TokenizerConfig()
-        changed = [
-            f"tokenizer.{spec.name}"
-            for spec in dataclasses.fields(self)
-            if spec.name != "from_run" and getattr(self, spec.name) != getattr(defaults, spec.name)
-        ]
+        others = (spec.name for spec in dataclasses.fields(self) if spec.name != "from_run")
+        changed = changed_from_default(self, others)
         if changed:
             warn_once(
                 f"tokenizer.from_run reuses that run's semantic IDs, fitted with its own "
-                f"settings; {', '.join(changed)} change nothing"
+                f"settings; {', '.join(f'tokenizer.{name}' for name in changed)} change nothing"
             )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -133,6 +134,8 @@ def test_a_history_given_as_a_string_is_refused(predictor: Predictor, items: lis
             predictor.recommend([history], k=3)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="a history must be a list of item ids"):
         predictor.recommend(f"{items[0]} {items[1]}", k=3)
+    as_array = predictor.recommend([np.array(items[:3])], k=3)  # an array of ids is a history
+    assert as_array == predictor.recommend([items[:3]], k=3)
     for k in (2.5, True, "3", None):
         with pytest.raises(TypeError, match="k must be an int"):
             predictor.recommend([items[:3]], k=k)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, BatchNeeds, NegativeSampler, SeqBatch
-from seqrec.config import ConfigError, check_float, warn_once
+from seqrec.config import ConfigError, changed_from_default, check_float, warn_once
 from seqrec.losses import (
     SampledLoss,
     bce_with_negatives,
@@ -90,11 +90,8 @@ class ItemLossConfig(ModelConfig):
     def _check_unread_loss_fields(self) -> None:
         """A loss field set away from this model's default where nothing reads it changes
         nothing (num_negatives with loss: ce, say): ``warn_once`` says so."""
-        defaults = {spec.name: spec.default for spec in dataclasses.fields(type(self))}
         changed = [
-            f"model.{name}"
-            for name in self._unread_loss_fields()
-            if getattr(self, name) != defaults[name]
+            f"model.{name}" for name in changed_from_default(self, self._unread_loss_fields())
         ]
         if changed:
             warn_once(

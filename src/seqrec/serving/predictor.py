@@ -168,9 +168,9 @@ def check_k(k: int) -> None:
 
 
 def check_history(history: object) -> None:
-    """A history is a list (or tuple) of item ids: a string or bytes would be read one
-    character at a time, a set has no order."""
-    if not isinstance(history, (list, tuple)):
+    """A history is a list, tuple or numpy array of item ids: a string or bytes would be read
+    one character at a time, a set has no order."""
+    if not isinstance(history, (list, tuple, np.ndarray)):
         raise TypeError(
             "a history must be a list of item ids, oldest first (recommend([['1193', '661']]), "
             f"start('u1', ['1193', '661'])), not {type(history).__name__} {history!r:.60}"
