@@ -71,6 +71,8 @@ def _check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:
     """Refuse an output ``path`` that cannot be written, before any work: a directory where a
     file goes (or the reverse), or a place under a folder that is not writable. Missing parent
     folders are fine: every writer creates them."""
+    if not str(path):
+        raise ConfigError(f"{flag} is empty: give a {'folder' if folder else 'file'} name")
     path = Path(path)
     if path.exists() and path.is_dir() != folder:
         what = "a file, not a directory" if folder else "a directory, not a file"
@@ -84,6 +86,20 @@ def _check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:
         raise ConfigError(f"{flag} {path}: {place} is not a directory")
     if not _can_create_in(place):
         raise ConfigError(f"{flag} {path}: {place} is not writable")
+
+
+def _check_not_a_run(flag: str, path: str | Path, writes: str) -> None:
+    """Refuse to write ``writes`` straight into a run directory: a tokenizer's
+    semantic_ids.json there would replace the one a generative run was trained on, and an
+    analysis's files would mix with the run's own. A folder inside the run is fine."""
+    from seqrec.training.checkpoint import CONFIG, STATE
+
+    path = Path(path)
+    if (path / CONFIG).is_file() or (path / STATE).exists():
+        raise ConfigError(
+            f"{flag} {path} is a run directory; write {writes} to a folder of its own, "
+            f"e.g. {path / flag.lstrip('-')}"
+        )
 
 
 def _can_create_in(folder: Path) -> bool:
@@ -263,6 +279,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from seqrec.training.semantic_ids import fit_semantic_ids
 
     _check_output("--out", args.out, folder=True)
+    _check_not_a_run("--out", args.out, "the semantic IDs")
     config = experiment_from_raw(load_raw(args.config, args.set or []))
     data = prepare(config.data, args.data_dir)
     ids, tokenizer = fit_semantic_ids(config.tokenizer, data, args.data_dir)
@@ -276,34 +293,60 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- recommend
-def _read_histories(path: Path) -> list[list[str]]:
-    if path.is_dir():
-        raise DataError(f"--input {path} is a directory, not a file of histories")
-    if not path.exists():
-        raise DataError(f"--input {path} does not exist")
+def _read_histories(source: str) -> tuple[list[list[str]], dict[int, str]]:
+    """The histories of --input (a file, or ``-`` for stdin), one per line, and why each
+    malformed line (by index; its history is empty) cannot be read. Lines end in "\n" or
+    "\r\n" only: ``str.splitlines`` would also split at form feeds, lone "\r" and U+0085,
+    which a Latin-1 id can hold, and the output rows would stop matching the lines."""
+    if source == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        path = Path(source)
+        if path.is_dir():
+            raise DataError(f"--input {path} is a directory, not a file of histories")
+        if not path.exists():
+            raise DataError(f"--input {path} does not exist")
+        data = path.read_bytes()
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM is not an id
+        text = data.decode("utf-8-sig")  # a BOM is not an id
     except UnicodeDecodeError as err:
         raise DataError(
-            f"--input {path} is not UTF-8 text ({err.reason} at byte {err.start})"
+            f"--input {source} is not UTF-8 text ({err.reason} at byte {err.start})"
         ) from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
     if not lines:
-        raise DataError(f"--input {path} is empty; give one history per line")
-    return [_history(line) for line in lines]
+        raise DataError(f"--input {source} is empty; give one history per line")
+    histories: list[list[str]] = []
+    malformed: dict[int, str] = {}
+    for index, line in enumerate(lines):
+        try:
+            histories.append(_history(line.removesuffix("\r")))
+        except DataError as err:
+            histories.append([])
+            malformed[index] = str(err)
+    return histories, malformed
 
 
 def _history(line: str) -> list[str]:
     """One line of --input: a JSON list of ids; else a CSV line when it has a comma (ids
     separated by commas, quotes allowed, spaces around an id dropped); else ids separated by
-    spaces, quoted where they hold one (`"item 1" item2`; so "[UNK] i1" is two plain ids)."""
+    spaces, quoted where they hold one (`"item 1" item2`; so "[UNK] i1" is two plain ids).
+    ``DataError`` for a JSON list of other values and for a quote that never closes."""
     if line.lstrip().startswith("["):
         with contextlib.suppress(json.JSONDecodeError):
             ids = json.loads(line)
-            if isinstance(ids, list) and all(
-                isinstance(i, (str, int)) and not isinstance(i, bool) for i in ids
-            ):
+            if isinstance(ids, list):
+                if not all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in ids):
+                    raise DataError(
+                        "a JSON list of ids holds strings and integers only, got "
+                        f"{line.strip():.80}"
+                    )
                 return [str(i) for i in ids]
     if "," in line or '"' in line:
+        if line.count('"') % 2:  # csv would read `a "b` as a, b without a word
+            raise DataError(f"a quote never closes in {line.strip():.80}")
         separator = "," if "," in line else " "
         with contextlib.suppress(csv.Error):  # e.g. a field beyond csv's size limit
             fields = next(csv.reader([line], delimiter=separator, skipinitialspace=True))
@@ -321,7 +364,12 @@ def _ids_text(ids: Sequence[str]) -> str:
 def _check_recommend_output(source: str, output: str) -> None:
     if output == "-":
         return  # stdout
-    if os.path.exists(output) and os.path.exists(source) and os.path.samefile(source, output):
+    if (
+        source != "-"
+        and os.path.exists(output)
+        and os.path.exists(source)
+        and os.path.samefile(source, output)
+    ):
         raise ConfigError(f"--output {output} is the --input file; it would overwrite the input")
     if os.path.isfile(output) and not _is_recommend_output(Path(output)):
         # A typo here once replaced a run's config.json (or the user's own log) silently.
@@ -348,6 +396,11 @@ def _is_recommend_output(path: Path) -> bool:
     return isinstance(row, dict) and sorted(row) == sorted(RECOMMEND_FIELDS)
 
 
+def _url(host: str, port: int) -> str:
+    """The server's address as a URL: an IPv6 address goes in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import torch
 
@@ -369,7 +422,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(predictor, args.max_sessions)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
-    print(f"serving {args.run_dir} on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr)
+    print(f"serving {args.run_dir} on {_url(host, port)} (Ctrl-C stops)", file=sys.stderr)
     serve(app, sock)
     return 0
 
@@ -381,14 +434,21 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         raise ConfigError("recommend: give either --history ITEM ... or --input FILE --output FILE")
     if args.input is not None and args.output is None:
         raise ConfigError("recommend: --input needs --output FILE")
-    histories = None
+    if args.history is not None and args.output is not None:
+        raise ConfigError(
+            "recommend: --output goes with --input FILE; with --history the answer is printed "
+            "(--json prints it as JSON)"
+        )
+    if args.input is not None and args.json:
+        raise ConfigError("recommend: --json goes with --history; --input always writes JSON lines")
+    batch = None
     if args.input is not None:  # both files are checked before the model is loaded
-        histories = _read_histories(Path(args.input))
         _check_recommend_output(args.input, args.output)
+        batch = _read_histories(args.input)
     predictor = Predictor.from_run_dir(args.run_dir, settings=_inference_settings(args.set))
     exclude_seen = not args.keep_seen
-    if histories is not None:
-        return _recommend_batch(predictor, histories, args.k, exclude_seen, args.output)
+    if batch is not None:
+        return _recommend_batch(predictor, *batch, args.k, exclude_seen, args.output)
     history = [item for item in args.history if item.strip()]
     (rec,) = predictor.recommend([history], args.k, exclude_seen)
     if rec.error is not None:
@@ -409,9 +469,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def _recommend_batch(
-    predictor: Predictor, histories: list[list[str]], k: int, exclude_seen: bool, output: str
+    predictor: Predictor,
+    histories: list[list[str]],
+    malformed: dict[int, str],
+    k: int,
+    exclude_seen: bool,
+    output: str,
 ) -> int:
-    """One JSON line per history into ``output`` (``-``: stdout); exit 3 if some failed."""
+    """One JSON line per history into ``output`` (``-``: stdout), a malformed line's with
+    its reason as the error; exit 3 if some failed."""
     recs = predictor.recommend(histories, k, exclude_seen)
     rows = [
         {
@@ -419,7 +485,7 @@ def _recommend_batch(
             "items": r.items,
             "scores": r.scores,
             "unknown": r.unknown,
-            "error": r.error,
+            "error": malformed.get(i, r.error),
         }
         for i, r in enumerate(recs)
     ]
@@ -509,6 +575,7 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
     from seqrec.training.run import data_for_run
 
     _check_output("--out", args.out, folder=True)
+    _check_not_a_run("--out", args.out, "the analysis")
     shuffle_seeds = _seeds("--shuffle-seeds", args.shuffle_seeds)
     alphas = check_alphas(_floats("--alphas", args.alphas), "--alphas")
     epsilons = check_epsilons(_floats("--epsilons", args.epsilons), "--epsilons")
@@ -549,6 +616,7 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     from seqrec.training.run import data_for_run
 
     _check_output("--out", args.out, folder=True)
+    _check_not_a_run("--out", args.out, "the analysis")
     _at_least_one(recent=args.recent, per_genre=args.per_genre)
     if args.movies is not None:
         check_movies_file(args.movies)  # a bad --movies fails before any run loads
@@ -588,6 +656,7 @@ def cmd_analyze_depth(args: argparse.Namespace) -> int:
     from seqrec.analysis.depth import analyze_depth
 
     _check_output("--out", args.out, folder=True)
+    _check_not_a_run("--out", args.out, "the analysis")
     report = analyze_depth(
         args.run_dir,
         args.out,
@@ -765,7 +834,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input",
         help="batch: one history per line: ids separated by spaces, or by commas (a CSV "
-        'line, quotes allowed), or a JSON list of ids (["a b", "c"])',
+        'line, quotes allowed), or a JSON list of ids (["a b", "c"]); - reads stdin',
     )
     p.add_argument("--output", help="batch: JSON lines out, one per input line")
     p.add_argument("-k", "--k", type=int, default=10, help="items per history (default 10)")
@@ -850,7 +919,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_dir")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--max-depth", type=int, default=16)
+    p.add_argument(
+        "--max-depth", type=int, default=16, help="the deepest N of the curve (0..256; default 16)"
+    )
     p.add_argument("--split", choices=("valid", "test"), default="test")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     _common_data(p)

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import PAD_ID
-from seqrec.config import ConfigError, EvalConfig, SplitChoice
+from seqrec.config import ConfigError, EvalConfig, SplitChoice, warn_once
 from seqrec.data.batches import left_padded
 from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, PreparedData, Sequences
@@ -103,9 +103,21 @@ def describe_protocol(config: EvalConfig, num_items: int, short_users: int = 0) 
     )
 
 
-def check_num_negatives(config: EvalConfig, num_items: int) -> None:
+def check_protocol_fits(config: EvalConfig, num_items: int) -> None:
     """Refuse a sampled protocol the catalogue cannot hold: a user has interacted with at least
-    the target, so at most ``num_items - 1`` items are left to draw negatives from."""
+    the target, so at most ``num_items - 1`` items are left to draw negatives from. Warn about
+    a cut-off that every target makes."""
+    candidates = config.num_negatives + 1 if config.protocol == "sampled" else num_items
+    if max(config.ks) >= candidates and candidates <= num_items:
+        ranked = (
+            f"the {candidates} candidates (target + eval.num_negatives)"
+            if config.protocol == "sampled"
+            else f"the catalogue of {candidates} items"
+        )
+        warn_once(
+            f"eval.ks {max(config.ks)} is not below {ranked}: every target ranked is within "
+            f"it, so HR@{max(config.ks)} says nothing about the model"
+        )
     if config.protocol != "sampled" or config.num_negatives <= num_items - 1:
         return
     if num_items < 2:
@@ -282,7 +294,7 @@ def evaluate_variants(
     matrix ``variants`` returns, each ranked against the same sampled negatives.
     ``variants`` None ranks a generative model inside its top max(ks). With ``share``, this
     process ranks its share of the chunks and every process returns the whole result."""
-    check_num_negatives(config, num_items)
+    check_protocol_fits(config, num_items)
     model.eval()
     max_len = model.config.max_seq_len
     short_users = 0

@@ -281,3 +281,16 @@ def test_diagnostics_do_not_import_training_serving_or_cli() -> None:
             if m.startswith(("seqrec.training", "seqrec.serving", "seqrec.cli"))
         }
         assert not bad, f"{file.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("command", ["residual", "attention", "depth"])
+def test_an_analysis_is_not_written_into_a_run_directory(
+    command: str, pop_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(path.name for path in pop_run.iterdir())
+    assert main(["analyze", command, str(pop_run), "--out", str(pop_run)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: --out {pop_run} is a run directory; write the analysis to a folder of its "
+        f"own, e.g. {pop_run / 'out'}"
+    )
+    assert sorted(path.name for path in pop_run.iterdir()) == before

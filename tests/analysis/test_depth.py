@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqrec.analysis.depth import _DepthSweep, analyze_depth, depth_summary_lines
+from seqrec.analysis.depth import MAX_DEPTH, _DepthSweep, analyze_depth, depth_summary_lines
 from seqrec.config import ConfigError, experiment_from_raw
 from seqrec.models import build_model, build_model_config
 from seqrec.training.checkpoint import WEIGHTS, load_torch
@@ -114,6 +114,12 @@ def test_analyze_depth_refuses_models_without_a_depth(
         analyze_depth(stage_1, tmp_path, max_depth=2)
     with pytest.raises(ConfigError, match="'pop' has no inference depth"):
         analyze_depth(pop_run, tmp_path, max_depth=2)
+    _, stage_2 = runs
+    for max_depth in (-1, MAX_DEPTH + 1):  # each depth holds every user's rank: bounded
+        with pytest.raises(
+            ConfigError, match=rf"--max-depth must be in 0\.\.256, got {max_depth}$"
+        ):
+            analyze_depth(stage_2, tmp_path, max_depth=max_depth)
 
 
 def test_the_summary_names_the_largest_gain_or_says_there_is_none() -> None:

@@ -124,12 +124,14 @@ def test_batch_lines_may_be_json_lists_of_ids(
     alone = recommend_json(capsys, file_run, "--history", *items[:3], "-k", "3")
     assert rows[0]["items"] == alone["items"]
     assert rows[1]["unknown"] == ["no such item"]
-    source.write_text(f"[UNK] {items[1]}\n[1, true]\n")  # not JSON lists of ids: plain ids
+    source.write_text(f"[UNK] {items[1]}\n[1, true]\n[1, null, 2]\n")
     done = run_seqrec("recommend", file_run, "--input", source, "--output", target)
-    assert done.returncode == 3  # the second line has no known item
+    assert done.returncode == 3  # the JSON lists of other values are malformed lines
     rows = read_jsonl(target)
-    assert rows[0]["unknown"] == ["[UNK]"]
-    assert rows[1]["unknown"] == ["[1", "true]"]
+    assert rows[0]["unknown"] == ["[UNK]"]  # not JSON: plain ids
+    assert rows[1]["error"] == "a JSON list of ids holds strings and integers only, got [1, true]"
+    assert rows[2]["error"].endswith("got [1, null, 2]")  # once the ids "[1", "null" and "2]"
+    assert rows[1]["items"] == rows[2]["items"] == []
 
 
 def test_batch_lines_may_be_csv_lines_and_the_file_may_start_with_a_bom(
@@ -152,6 +154,81 @@ def test_batch_lines_may_be_csv_lines_and_the_file_may_start_with_a_bom(
     assert rows[3]["unknown"] == ["no such"]
     assert rows[3]["items"] == rows[2]["items"]
     assert "wrote 4 lines to" in done.stderr
+
+
+def test_only_newlines_end_an_input_line(file_run: Path, items: list[str], tmp_path: Path) -> None:
+    """A form feed, a lone CR or U+0085 (which a Latin-1 id can hold) once split a line, and the
+    output rows no longer matched the input lines."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    lines = [
+        f"{items[0]} {items[1]}\x0c{items[2]}",
+        f'["{items[3]}", "a\u0085b"]',
+        f"{items[4]}\r{items[5]}",
+        f"{items[6]} {items[7]}\r",  # CRLF
+    ]
+    source.write_text("\n".join(lines) + "\n")
+    done = run_seqrec("recommend", file_run, "--input", source, "--output", target, "-k", "3")
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(target)
+    assert [row["line"] for row in rows] == [1, 2, 3, 4]
+    assert rows[1]["unknown"] == ["a\u0085b"]
+    assert rows[2]["unknown"] == []  # inside a line a lone CR separates ids, as a space does
+    assert rows[3]["unknown"] == []  # the CR of a CRLF ending is not part of the last id
+
+
+def test_a_quote_that_never_closes_is_a_malformed_line(
+    file_run: Path, items: list[str], tmp_path: Path
+) -> None:
+    """It was read as if the quote were not there."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    source.write_text(f'{items[0]} {items[1]} "{items[2]}\n{items[0]}\n')
+    done = run_seqrec("recommend", file_run, "--input", source, "--output", target)
+    assert done.returncode == 3
+    assert "error: 1 lines had no usable history (lines 1)" in done.stderr
+    rows = read_jsonl(target)
+    assert rows[0]["error"] == f'a quote never closes in {items[0]} {items[1]} "{items[2]}'
+    assert rows[1]["error"] is None
+
+
+def test_input_dash_is_stdin(file_run: Path, items: list[str], tmp_path: Path) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text(f"{items[0]} {items[1]}\n")
+    from_file = run_seqrec("recommend", file_run, "--input", source, "--output", "-")
+    done = subprocess.run(
+        [str(SEQREC), "recommend", str(file_run), "--input", "-", "--output", "-"],
+        input=source.read_bytes(),
+        capture_output=True,
+        env=cli_env(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == from_file.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--history", "H", "--output", "OUT"], "recommend: --output goes with --input FILE"),
+        (["--input", "IN", "--output", "OUT", "--json"], "recommend: --json goes with --history"),
+        (["--input", "IN", "--output", ""], "--output is empty: give a file name"),
+    ],
+    ids=["output-with-history", "json-with-input", "empty-output"],
+)
+def test_flags_that_would_be_ignored_are_refused(
+    file_run: Path,
+    items: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    """--output beside --history printed the table, wrote nothing and exited 0."""
+    source = tmp_path / "in.txt"
+    source.write_text(f"{items[0]}\n")
+    given = {"H": items[0], "IN": str(source), "OUT": str(tmp_path / "out.jsonl")}
+    assert main(["recommend", str(file_run), *[given.get(a, a) for a in args]]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(f"error: {message}")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
 
 
 def test_options_are_not_abbreviated_and_k_has_a_long_form(

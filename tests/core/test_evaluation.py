@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from seqrec.batch import ModelOutput, SeqBatch
-from seqrec.config import ConfigError, EvalConfig, SplitChoice
+from seqrec.config import ConfigError, EvalConfig, SplitChoice, warn_once
 from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, PreparedData, Sequences
 from seqrec.data.split import leave_one_out
@@ -293,6 +293,37 @@ def test_sampled_protocol_refuses_more_negatives_than_the_catalogue_holds() -> N
         run(EvalConfig(protocol="sampled", num_negatives=N))
     assert (run(EvalConfig(protocol="sampled", num_negatives=N - 1)) >= 1).all()
     run(EvalConfig(num_negatives=N))  # the full protocol does not use it
+
+
+@pytest.mark.parametrize(
+    ("config", "warning"),
+    [
+        (
+            EvalConfig(ks=(5, 9), filter_seen=False),
+            "eval.ks 9 is not below the catalogue of 9 items",
+        ),
+        (
+            EvalConfig(protocol="sampled", num_negatives=4, ks=(5,)),
+            "eval.ks 5 is not below the 5 candidates (target + eval.num_negatives)",
+        ),
+    ],
+)
+def test_a_cut_off_every_target_makes_is_warned_about(
+    config: EvalConfig, warning: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger="seqrec.config"):
+        ranks = run(config)
+    assert (ranks <= max(config.ks)).all()  # what the warning is about
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{warning}: every target ranked is within it, so HR@{max(config.ks)} says nothing "
+        "about the model"
+    ]
+    caplog.clear()
+    warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger="seqrec.config"):
+        run(dataclasses.replace(config, ks=(min(config.ks) - 1,)))
+    assert caplog.records == []
 
 
 def test_sampled_protocol_names_the_users_with_fewer_unseen_items() -> None:

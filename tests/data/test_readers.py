@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from seqrec.config import DataConfig
+from seqrec.config import DataConfig, warn_once
 from seqrec.data.prepare import prepare
 from seqrec.data.preprocess import sort_by_time
 from seqrec.data.readers import ColumnMap, detect_format, read_interactions
@@ -559,3 +559,22 @@ def test_a_header_line_of_a_whitespace_file_is_skipped_with_a_warning(
     assert "skipped its first line" in caplog.text
     users = read_interactions(write(tmp_path / "ids.txt", "user item\n"), "pairs")["user_id"]
     assert users.to_list() == []  # only a header: no rows, not a user named "user"
+
+
+def test_a_time_column_that_is_not_read_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rows then keep the file order (here: newest first), silently, as they once did."""
+    text = "user_id,item_id,Timestamp\nu1,b,200\nu1,a,100\n"
+    path = write(tmp_path / "log.csv", text)
+    warn_once.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        assert read_interactions(path)["item_id"].to_list() == ["b", "a"]
+    assert (
+        "the table has a column 'Timestamp' but data.timestamp_column is not set: each user's "
+        "rows keep the file order; set data.timestamp_column: Timestamp to order them by time"
+    ) in caplog.text
+    caplog.clear()
+    read_interactions(path, "auto", ColumnMap(timestamp="Timestamp"))
+    read_interactions(write(tmp_path / "plain.csv", "user_id,item_id,score\nu1,a,1\n"))
+    assert caplog.text == ""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from seqrec.batch import PAD_ID, ModelOutput, SeqBatch
-from seqrec.config import ConfigError
+from seqrec.config import ConfigError, warn_once
 from seqrec.models import (
     MODELS,
     ScoringRecommender,
@@ -394,3 +394,62 @@ def test_a_history_scores_the_same_however_wide_its_batch_pads(name: str) -> Non
             labels[:, -1] = 9
             losses.append(model(SeqBatch(input_ids=ids, labels=labels, users=users)).loss)
         torch.testing.assert_close(losses[1], losses[0])
+
+
+AT_LEAST_ONE_CASES = [
+    pytest.param(name, field_name, value, id=f"{name}-{field_name}-{value}")
+    for name in MODELS.names()
+    for field_name in MODELS.get(name).config_class.at_least_one
+    for value in (0, -1)
+]
+
+
+@pytest.mark.parametrize(("name", "field_name", "value"), AT_LEAST_ONE_CASES)
+def test_counts_that_must_be_positive_say_so(name: str, field_name: str, value: int) -> None:
+    """Every integer field is checked against 0 by the base config; a count a model cannot
+    run with at 0 must state its own bound (Mamba4Rec's num_layers -1 once said ">= 0")."""
+    with pytest.raises(ConfigError, match=rf"model\.{field_name} must be >= 1, got {value}$"):
+        build_model_config({"name": name, field_name: value}, num_items=NUM_ITEMS, num_users=3)
+
+
+def test_positive_count_cases_cover_the_deep_models() -> None:
+    covered = {name for name in MODELS.names() if MODELS.get(name).config_class.at_least_one}
+    assert {"mamba4rec", "gru4rec", "caser", "recrec", "tiger", "trierec"} <= covered
+
+
+@pytest.mark.parametrize(
+    ("section", "unread", "warning"),
+    [
+        (
+            {"name": "duorec", "contrastive_weight": 0.0},
+            {"temperature": 0.5, "similarity": "cos"},
+            "model.temperature, model.similarity do nothing with model.contrastive_weight: 0 "
+            "(no contrastive term)",
+        ),
+        (
+            {"name": "sasrec", "positional_embedding": False},
+            {"position_origin": "oldest"},
+            "model.position_origin does nothing with model.positional_embedding: false",
+        ),
+        (
+            {"name": "recrec", "stage": 1},
+            {"inner_steps": 5, "gate": "overwrite"},
+            "model.inner_steps, model.gate do nothing in stage 1, which has no reasoner",
+        ),
+    ],
+    ids=["duorec-no-contrast", "sasrec-no-positions", "recrec-stage-1"],
+)
+def test_a_field_the_model_never_reads_is_named_once(
+    section: dict[str, object],
+    unread: dict[str, object],
+    warning: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """These were accepted and ignored without a word."""
+    warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger="seqrec.config"):
+        build_model_config(section, num_items=NUM_ITEMS)  # the defaults: nothing to say
+        assert not caplog.records
+        for _ in range(2):
+            build_model_config({**section, **unread}, num_items=NUM_ITEMS)
+    assert [record.getMessage() for record in caplog.records] == [warning]

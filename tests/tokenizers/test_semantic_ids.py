@@ -124,7 +124,9 @@ def test_check_matches_names_the_difference() -> None:
     ids.check_matches(list(IDS))
     with pytest.raises(DataError, match="5 items in the semantic IDs, 4 in the data"):
         ids.check_matches(["a", "b", "c", "d"])
-    with pytest.raises(DataError, match="internal item 2 is 'b' there, 'x' here"):
+    with pytest.raises(
+        DataError, match="internal item 2 is 'b' in the semantic IDs, 'x' in the data"
+    ):
         ids.check_matches(["a", "x", "c", "d", "e"])
 
 

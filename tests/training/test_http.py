@@ -19,8 +19,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import torch
 
+from seqrec.cli import _url
 from seqrec.config import ConfigError
+from seqrec.models.recrec import RecRecConfig
 from seqrec.serving.http import MAX_BATCH, MAX_K, bind, create_app
 from seqrec.serving.predictor import Predictor, Recommendation
 from tests.cli.helpers import train_recrec_stage_2
@@ -240,6 +243,44 @@ def test_settings_of_one_request_do_not_leak_into_concurrent_ones(recrec_run: Pa
     assert later[1]["scores"] == pytest.approx(expected[0, False].scores, abs=1e-5)
 
 
+def test_a_setting_above_the_served_limit_is_422_before_any_work(recrec_run: Path) -> None:
+    """One request holds the model: depth 10,000 took 22 s of everyone's time."""
+    predictor = Predictor.from_run_dir(recrec_run)
+    history = list(predictor.id_map.items[:3])
+    limit = RecRecConfig.served_limits["depth"]
+    with served(create_app(predictor)) as url:
+        status, answer = call(url, "/recommend", {"history": history, "settings": {"depth": 10**9}})
+        assert status == 422
+        assert answer["detail"] == (
+            f"settings.depth 1000000000 is above this server's limit of {limit} (requests are "
+            "answered one at a time); evaluate or recommend offline for more"
+        )
+        deepest = {"history": history, "settings": {"depth": limit}}
+        assert call(url, "/recommend", deepest)[0] == 200
+
+
+def test_a_model_that_scores_nan_is_a_500_with_its_reason_as_json(
+    tiny_run: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    predictor = Predictor.from_run_dir(tiny_run)
+    with torch.no_grad():
+        next(iter(predictor.model.parameters())).fill_(float("nan"))
+    history = list(predictor.id_map.items[:2])
+    with served(create_app(predictor)) as url, caplog.at_level("ERROR"):
+        status, answer = call(url, "/recommend", {"history": history})
+    assert status == 500
+    assert answer["detail"].startswith("the model scored items NaN")
+    assert "Traceback" not in caplog.text
+    assert "POST /recommend: the model scored items NaN" in caplog.text
+
+
+def test_json_nested_too_deeply_is_a_400_that_says_so(base: str) -> None:
+    body = '{"history": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    status, answer = call(base, "/recommend", raw=body.encode())
+    assert status == 400
+    assert answer["detail"] == "cannot read the JSON body: its arrays or objects nest too deeply"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_seqrec_serve_listens_answers_and_stops_on_sigint_or_sigterm(
     tiny_run: Path, signum: int
@@ -386,6 +427,15 @@ def test_a_body_that_is_not_json_gets_422_without_its_bytes(base: str, items: li
     assert status == 422
     assert all(error["loc"][0] == "body" for error in answer["detail"])  # no header hint
     assert call(base, "/recommend", {"history": items[:3]})[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [("127.0.0.1", "http://127.0.0.1:8000"), ("::1", "http://[::1]:8000")],
+)
+def test_the_start_up_line_names_a_url_a_client_can_use(host: str, url: str) -> None:
+    assert _url(host, 8000) == url
+    assert urlsplit(_url(host, 8000)).port == 8000  # "http://::1:8000" has no port
 
 
 @pytest.mark.parametrize("port", [-1, 65536, 70000])

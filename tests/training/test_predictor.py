@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from seqrec.config import ConfigError
 from seqrec.serving.predictor import Predictor, Recommendation, top_items
 from tests.cli.helpers import tiny_raw, train_isolated
 
@@ -108,7 +109,7 @@ def test_unknown_ids_are_reported_per_history(predictor: Predictor, items: list[
         ["x4", items[3], "x4"],
     ]
     recs = predictor.recommend(batch, k=5)
-    assert [r.unknown for r in recs] == [["x1"], [], ["x2", "x3"], [], ["x4", "x4"]]
+    assert [r.unknown for r in recs] == [["x1"], [], ["x2", "x3"], [], ["x4"]]  # each once
     assert [r.error for r in recs] == [
         None,
         None,
@@ -139,6 +140,12 @@ def test_a_history_given_as_a_string_is_refused(predictor: Predictor, items: lis
     for k in (2.5, True, "3", None):
         with pytest.raises(TypeError, match="k must be an int"):
             predictor.recommend([items[:3]], k=k)  # type: ignore[arg-type]
+    assert predictor.recommend([items[:3]], k=np.int64(3)) == predictor.recommend([items[:3]], 3)
+    for exclude_seen in ("no", 0, None):  # "no" was read as True
+        with pytest.raises(TypeError, match="exclude_seen must be True or False"):
+            predictor.recommend([items[:3]], exclude_seen=exclude_seen)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"inference settings must be a mapping .*\[\('depth'"):
+        predictor.recommend([items[:3]], settings=[("depth", 3)])  # type: ignore[arg-type]
 
 
 def test_a_model_of_training_users_cannot_rank_a_history(tmp_path: Path) -> None:

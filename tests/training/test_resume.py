@@ -20,7 +20,7 @@ from seqrec.config import ConfigError, experiment_from_raw
 from seqrec.data.prepare import prepare
 from seqrec.io import atomic_path
 from seqrec.models.base import build_model, build_model_config
-from seqrec.training.checkpoint import RunDirError, load_torch, save_torch
+from seqrec.training.checkpoint import RunDirError, load_torch, read_config, save_torch
 from seqrec.training.loop import Trainer, seed_everything
 from seqrec.training.run import train_experiment
 from tests.cli.helpers import (
@@ -487,3 +487,40 @@ def test_a_finished_run_trains_further_with_a_larger_max_epochs(
         # What a run learns per epoch is still fixed: changing it is refused.
         assert main([*args, "--set", "train.max_epochs=5", "--set", "train.lr=0.5"]) == 2
         assert "(train.lr)" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_run_saved_with_fields_it_never_read_still_loads_and_resumes(
+    finished_run: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """seqrec before 2026-12-07 recorded data.path beside a registry dataset (and read the
+    registry dataset); the check that refuses it now must not lock such runs out."""
+    _, run_dir = finished_run
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["data"]["path"] = "never-read.csv"
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    results = json.loads((run_dir / "results.json").read_text())
+    with caplog.at_level("WARNING", logger="seqrec.training.checkpoint"):
+        assert main(["evaluate", str(run_dir), "--json"]) == 0
+        assert main(["train", "--out", str(run_dir), "--resume"]) == 0
+    assert (
+        f"{run_dir / 'config.json'}: ignoring data.path, which the run was trained" in caplog.text
+    )
+    assert json.loads((run_dir / "results.json").read_text()) == pytest.approx(results, abs=1e-9)
+    capsys.readouterr()
+
+
+def test_objective_fields_a_wrapper_saved_in_backbone_options_are_dropped(tmp_path: Path) -> None:
+    saved = {
+        "data": {"dataset": "synthetic"},
+        "model": {
+            "name": "recrec",
+            "backbone": "sasrec",
+            "backbone_options": {"loss": "bce", "num_negatives": 5, "init_std": 0.02},
+        },
+    }
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    options = read_config(tmp_path)["model"]["backbone_options"]
+    assert options == {"init_std": 0.02}
+    build_model_config(read_config(tmp_path)["model"], num_items=10)  # refused before

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from annotated_types import MaxLen
@@ -252,6 +253,9 @@ def test_session_routes_refuse_bad_requests(base: str, items: list[str]) -> None
     status, answer = call(base, "/sessions/u2", {"history": ["a", "b"]}, method="PUT")
     assert status == 422
     assert answer["detail"]["unknown"] == ["a", "b"]
+    assert answer["detail"]["error"] == (
+        "cannot start: no known item in the history; the session held as 'u2' is unchanged"
+    )
     assert call(base, "/sessions/u2/events", {"item": items[4]})[0] == 200  # still held
     assert call(base, "/sessions/u2/events", {"items": [items[4]]})[0] == 422
     status, answer = call(base, "/sessions/u3", {"history": ["a", "b"]}, method="PUT")
@@ -288,3 +292,45 @@ def test_session_routes_on_a_stateless_model_are_400(tiny_run: Path) -> None:
         status, answer = call(url, "/sessions/u", {"history": ["1"]}, method="PUT")
     assert status == 400
     assert "sasrec keeps no state per session" in answer["detail"]
+
+
+def test_ids_k_exclude_seen_and_capacity_of_the_wrong_type_are_refused(
+    predictor: Predictor, items: list[str]
+) -> None:
+    with pytest.raises(TypeError, match="session capacity must be an int"):
+        SessionStore(predictor, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="session capacity must be an int"):
+        SessionStore(predictor, 1.5)  # type: ignore[arg-type]
+    store = SessionStore(predictor)
+    for session_id in (None, ["x"], 1.5, True):
+        with pytest.raises(TypeError, match="session_id must be a str or an int"):
+            store.start(session_id, items[:2])  # type: ignore[arg-type]
+    store.start(5, items[:2])  # JSON and the CLI give ids as str or int: the same session
+    assert "5" in store
+    assert 5 in store
+    for item in (items[2:4], None):  # a list once read as one unknown id "['3', '4']"
+        with pytest.raises(TypeError, match="item must be a str or an int"):
+            store.append("5", item)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="exclude_seen must be True or False"):
+        store.append("5", items[2], exclude_seen="no")  # type: ignore[arg-type]
+    assert_same(store.append("5", items[2], k=np.int64(4)), predictor.recommend([items[:3]], 4)[0])
+
+
+def test_an_event_the_model_fails_on_leaves_the_session_as_it_was(
+    predictor: Predictor, items: list[str]
+) -> None:
+    store = SessionStore(predictor)
+    store.start("u", items[:3])
+    weights = {name: tensor.clone() for name, tensor in predictor.model.state_dict().items()}
+    with torch.no_grad():
+        for parameter in predictor.model.parameters():
+            parameter.fill_(float("nan"))
+    try:
+        with pytest.raises(ValueError, match="the model scored items NaN"):
+            store.append("u", items[3])
+        with pytest.raises(ValueError, match="the model scored items NaN"):
+            store.start("u", items[10:14])
+    finally:
+        predictor.model.load_state_dict(weights)
+    # neither the failed event nor the failed restart reached the session
+    assert_same(store.append("u", items[4]), predictor.recommend([[*items[:3], items[4]]])[0])

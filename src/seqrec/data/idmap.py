@@ -35,16 +35,17 @@ class IdMap:
         return len(self.items)
 
     def item_to_internal(self, original: Sequence[str]) -> tuple[npt.NDArray[np.int64], list[str]]:
-        """Map original item ids; returns (internal ids of the known ones, unknown ids)."""
+        """Map original item ids; returns (internal ids of the known ones, in order, and the
+        unknown ids, each once, in order of first appearance)."""
         known: list[int] = []
-        unknown: list[str] = []
+        unknown: dict[str, None] = {}  # a long history may repeat an id thousands of times
         for item in original:
             index = self._item_index.get(str(item))
             if index is None:
-                unknown.append(str(item))
+                unknown[str(item)] = None
             else:
                 known.append(index)
-        return np.asarray(known, dtype=np.int64), unknown
+        return np.asarray(known, dtype=np.int64), list(unknown)
 
     def item_to_original(self, internal: npt.ArrayLike) -> list[str]:
         return [self.items[int(i) - 1] for i in np.asarray(internal).ravel()]
@@ -72,6 +73,17 @@ class IdMap:
             return cls(users=_ids(raw["users"], "users"), items=_ids(raw["items"], "items"))
         except DataError as err:
             raise DataError(f"{path} is corrupt ({err})") from None
+
+
+def catalogue_difference(there: Sequence[str], here: Sequence[str], where: str) -> str:
+    """How two item catalogues (an IdMap's ``items``) differ, for an error: their sizes, or
+    the first internal id that names another item ``where`` than in the data."""
+    if len(there) != len(here):
+        return f"{len(there)} items {where}, {len(here)} in the data"
+    i = next((i for i, (a, b) in enumerate(zip(there, here, strict=True)) if a != b), None)
+    if i is None:
+        return "the same items"
+    return f"internal item {i + 1} is {there[i]!r} {where}, {here[i]!r} in the data"
 
 
 def _ids(values: object, key: str) -> list[str]:

@@ -49,7 +49,7 @@ from typing import Literal, get_args
 
 import polars as pl
 
-from seqrec.config import DataConfig, FileFormat
+from seqrec.config import DataConfig, FileFormat, warn_once
 from seqrec.data.schema import ITEM_ID, RATING, TIMESTAMP, USER_ID, DataError
 
 logger = logging.getLogger(__name__)
@@ -362,6 +362,21 @@ def _refuse_repeated_users(path: Path, df: pl.DataFrame) -> None:
     )
 
 
+# Column names that say "when": a table that has one but no data.timestamp_column keeps its
+# file order, which is most likely not what its author meant.
+_TIME_COLUMN_NAMES = ("timestamp", "time", "datetime", "date", "ts")
+
+
+def _warn_unread_time_column(names: list[str]) -> None:
+    time_columns = [name for name in names if name.strip().lower() in _TIME_COLUMN_NAMES]
+    if time_columns:
+        warn_once(
+            f"the table has a column {time_columns[0]!r} but data.timestamp_column is not set: "
+            f"each user's rows keep the file order; set data.timestamp_column: "
+            f"{time_columns[0]} to order them by time"
+        )
+
+
 def read_movielens(path: str | Path) -> pl.DataFrame:
     """``user::item::rating::timestamp`` (ratings.dat, Latin-1), or tab-separated (u.data)."""
     path = Path(path)
@@ -411,6 +426,8 @@ def _read_table(path: Path, fmt: ReadFormat, columns: ColumnMap) -> pl.DataFrame
         )
     if df.height == 0:
         raise DataError(f"file {path} has a header but no rows")
+    if columns.timestamp is None:
+        _warn_unread_time_column(df.columns)
     out = df.select(*(pl.col(src).alias(dst) for dst, src in wanted.items() if src is not None))
     for name in (USER_ID, ITEM_ID):
         out = out.with_columns(_to_id(path, out[name], wanted[name] or name))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -12,7 +12,13 @@ import torch
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
-from seqrec.config import ConfigError, from_dict, replace_checked
+from seqrec.config import (
+    ConfigError,
+    changed_from_default,
+    from_dict,
+    replace_checked,
+    warn_once,
+)
 from seqrec.registry import Registry
 
 
@@ -24,6 +30,10 @@ class ModelConfig:
     # Fields that evaluate/recommend may change on a trained model without retraining
     # (RecRec's reasoning depth); ``with_inference_settings`` accepts only these.
     inference_settings: ClassVar[tuple[str, ...]] = ()
+    # The largest value of an integer inference setting that one served request may ask for:
+    # the server answers one model call at a time, so an unbounded depth or beam would stall
+    # every other request (evaluate and recommend, run by their user, are not limited).
+    served_limits: ClassVar[Mapping[str, int]] = {}
     # Fields that may differ from the config of the run a model is warm-started from
     # (``train.init_from``); every other field must be equal (``warm_start_conflicts``).
     warm_start_free: ClassVar[tuple[str, ...]] = ()
@@ -38,6 +48,9 @@ class ModelConfig:
     # BERT4Rec's masking): a wrapper that trains it as a backbone with a loss of its own
     # (RecRec, ReaRec) refuses them in model.backbone_options, where they would do nothing.
     objective_fields: ClassVar[tuple[str, ...]] = ()
+    # Integer fields that must be at least 1 besides the widths (``*_size``), which always
+    # must: the others may be 0 (a SASRec of 0 blocks is the embedding-only ablation).
+    at_least_one: ClassVar[tuple[str, ...]] = ()
     num_items: int  # catalogue size N; item ids are 1..N, 0 is padding
     num_users: int = 0  # users in the training data (models with a user embedding)
     max_seq_len: int = 50  # histories are truncated to their most recent max_seq_len items
@@ -47,18 +60,26 @@ class ModelConfig:
             raise ConfigError(f"model.num_items must be >= 1, got {self.num_items}")
         if self.max_seq_len < 1:
             raise ConfigError(f"model.max_seq_len must be >= 1, got {self.max_seq_len}")
-        # Every model's integer fields are counts, sizes or depths: a width (``*_size``) of
-        # 0 or any negative value would only fail later, deep inside a layer's constructor.
+        # Every model's integer fields are counts, sizes or depths: a width of 0, or any
+        # negative value, would only fail later, deep inside a layer's constructor.
         for spec in dataclasses.fields(self):
             value = getattr(self, spec.name)
             if isinstance(value, bool) or not isinstance(value, int):
                 continue
-            least = 1 if spec.name.endswith("_size") else 0
+            least = 1 if spec.name.endswith("_size") or spec.name in self.at_least_one else 0
             if value < least:
                 raise ConfigError(f"model.{spec.name} must be >= {least}, got {value}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
+
+    def warn_unread(self, names: Iterable[str], reason: str) -> None:
+        """Those of ``names`` set away from their defaults, which this config never reads
+        (``reason`` says why), change nothing: ``warn_once`` says so."""
+        changed = [f"model.{name}" for name in changed_from_default(self, names)]
+        if changed:
+            verb = "does" if len(changed) == 1 else "do"
+            warn_once(f"{', '.join(changed)} {verb} nothing {reason}")
 
     def check_runnable(self) -> None:
         """Raise ``ConfigError`` when this machine cannot run the model as configured (an
@@ -220,6 +241,11 @@ def build_model(config: ModelConfig) -> SequentialRecommender:
 def with_inference_settings(config: C, settings: Mapping[str, Any]) -> C:
     """``config`` with some of its declared inference settings replaced, validated as when
     it was built; any other field is an error (changing it would need retraining)."""
+    if not isinstance(settings, Mapping):
+        raise ConfigError(
+            f"inference settings must be a mapping of name to value (e.g. {{'depth': 2}}), "
+            f"got {settings!r}"
+        )
     if not settings:
         return config
     allowed = type(config).inference_settings

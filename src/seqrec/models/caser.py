@@ -55,6 +55,7 @@ ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
 @dataclass(frozen=True, kw_only=True)
 class CaserConfig(ItemLossConfig):
     name: ClassVar[str] = "caser"
+    at_least_one: ClassVar[tuple[str, ...]] = ("window", "targets_ahead")
     hidden_size: int = 50  # d
     window: int = 5  # L: how many of the most recent items the convolutions read
     num_horizontal: int = 16  # n_h filters per height 1..L (0: no horizontal convolutions)
@@ -70,13 +71,6 @@ class CaserConfig(ItemLossConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.hidden_size < 1 or self.window < 1 or self.targets_ahead < 1:
-            raise ConfigError(
-                "model.hidden_size, model.window and model.targets_ahead must be >= 1, got "
-                f"{self.hidden_size}, {self.window} and {self.targets_ahead}"
-            )
-        if self.num_horizontal < 0 or self.num_vertical < 0:
-            raise ConfigError("model.num_horizontal and model.num_vertical must be >= 0")
         if self.num_horizontal + self.num_vertical == 0:
             raise ConfigError("model.num_horizontal and model.num_vertical cannot both be 0")
         check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)

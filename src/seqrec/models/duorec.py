@@ -102,6 +102,11 @@ class DuoRecConfig(SASRecConfig):
         check_float("model.temperature", self.temperature, above=0.0)
         if self.user_embedding:
             raise ConfigError("duorec has no user embedding; set model.user_embedding: false")
+        if self.contrastive_weight == 0:
+            self.warn_unread(
+                ("contrast", "temperature", "similarity", "mask_same_target"),
+                "with model.contrastive_weight: 0 (no contrastive term)",
+            )
 
     @property
     def uses_same_target(self) -> bool:

@@ -62,6 +62,7 @@ from seqrec.nn.dropout import Dropout
 @dataclass(frozen=True, kw_only=True)
 class GRU4RecConfig(ItemLossConfig):
     name: ClassVar[str] = "gru4rec"
+    at_least_one: ClassVar[tuple[str, ...]] = ("num_layers",)
     hidden_size: int = 100  # GRU units; 100 in both papers
     num_layers: int = 1
     embedding_size: int | None = None  # input item embedding width; None = hidden_size
@@ -80,18 +81,11 @@ class GRU4RecConfig(ItemLossConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.hidden_size < 1 or self.num_layers < 1:
-            raise ConfigError(
-                f"model.hidden_size and model.num_layers must be >= 1, "
-                f"got {self.hidden_size} and {self.num_layers}"
-            )
         if self.shared_embedding and self.embedding_size not in (None, self.hidden_size):
             raise ConfigError(
                 f"model.shared_embedding needs embedding_size == hidden_size "
                 f"({self.hidden_size}) or null, got {self.embedding_size}"
             )
-        if self.embedding_size is not None and self.embedding_size < 1:
-            raise ConfigError(f"model.embedding_size must be >= 1, got {self.embedding_size}")
         check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
         check_float("model.embedding_dropout", self.embedding_dropout, at_least=0.0, below=1.0)
         check_float("model.elu_param", self.elu_param, at_least=0.0)

@@ -94,12 +94,10 @@ class Mamba4RecConfig(ModelConfig):
     positional_embedding: bool = False  # ablation: learned positions (hurts in the paper)
     ffn: bool = True  # ablation: False keeps only the Mamba block in each layer
     scan: ScanImpl = "auto"  # selective scan implementation (seqrec.nn.selective_scan)
+    at_least_one: ClassVar[tuple[str, ...]] = ("conv_kernel", "expand", "num_layers")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for field in ("hidden_size", "state_size", "conv_kernel", "expand", "num_layers"):
-            if getattr(self, field) < 1:
-                raise ConfigError(f"model.{field} must be >= 1, got {getattr(self, field)}")
         check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
 
     def check_runnable(self) -> None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqrec.batch import PAD_ID, BatchNeeds, NegativeSampler, SeqBatch
-from seqrec.config import ConfigError, changed_from_default, check_float, warn_once
+from seqrec.config import ConfigError, check_float
 from seqrec.losses import (
     SampledLoss,
     bce_with_negatives,
@@ -90,14 +90,10 @@ class ItemLossConfig(ModelConfig):
     def _check_unread_loss_fields(self) -> None:
         """A loss field set away from this model's default where nothing reads it changes
         nothing (num_negatives with loss: ce, say): ``warn_once`` says so."""
-        changed = [
-            f"model.{name}" for name in changed_from_default(self, self._unread_loss_fields())
-        ]
-        if changed:
-            warn_once(
-                f"{', '.join(changed)} {'does' if len(changed) == 1 else 'do'} nothing with "
-                f"model.loss: {self.loss} and model.negative_sampler: {self.negative_sampler}"
-            )
+        self.warn_unread(
+            self._unread_loss_fields(),
+            f"with model.loss: {self.loss} and model.negative_sampler: {self.negative_sampler}",
+        )
 
     @property
     def in_batch_negatives(self) -> bool:

@@ -53,7 +53,7 @@ Choices the specification leaves open, and deviations, all deliberate:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol, cast
@@ -120,7 +120,15 @@ BACKBONES: dict[BackboneName, Backbone] = {
 @dataclass(frozen=True, kw_only=True)
 class RecRecConfig(ModelConfig):
     name: ClassVar[str] = "recrec"
+    at_least_one: ClassVar[tuple[str, ...]] = (
+        "num_interests",
+        "compressor_layers",
+        "attention_heads",
+        "steps_per_round",
+        "rounds",
+    )
     inference_settings: ClassVar[tuple[str, ...]] = ("depth",)
+    served_limits: ClassVar[Mapping[str, int]] = {"depth": 64}  # 4x the paper's deepest
     # A stage-2 run starts from a stage-1 run whose config may differ only here.
     warm_start_free: ClassVar[tuple[str, ...]] = (
         "stage",
@@ -174,12 +182,6 @@ class RecRecConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        positive = ("num_interests", "compressor_layers", "attention_heads", "steps_per_round")
-        for name in (*positive, "rounds"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-        if self.inner_steps < 0:
-            raise ConfigError(f"model.inner_steps must be >= 0, got {self.inner_steps}")
         if self.hidden_size % self.attention_heads != 0:
             raise ConfigError(
                 f"model.hidden_size {self.hidden_size} must be divisible by "
@@ -200,6 +202,19 @@ class RecRecConfig(ModelConfig):
             raise ConfigError(
                 f"backbone {self.backbone!r} is bidirectional: every position but the newest "
                 "sees its own target, so it needs model.train_positions: last or prefixes"
+            )
+        if self.stage == 1:
+            self.warn_unread(
+                (
+                    "inner_steps",
+                    "steps_per_round",
+                    "rounds",
+                    "gate",
+                    "reasoner_recency",
+                    "supervision_updates",
+                    "stage2_backbone_dropout",
+                ),
+                "in stage 1, which has no reasoner",
             )
         self.backbone_config()  # the backbone's own validation, now rather than at build
 

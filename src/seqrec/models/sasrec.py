@@ -129,6 +129,8 @@ class SASRecConfig(ItemLossConfig):
         if self.user_embedding and self.num_users < 1:
             raise ConfigError("model.user_embedding needs the number of users from the data")
         check_float("model.init_std", self.init_std, above=0.0, nullable=True)
+        if not self.positional_embedding:
+            self.warn_unread(("position_origin",), "with model.positional_embedding: false")
         if self.init_std is not None and self.init != "xavier_normal":
             raise ConfigError(
                 f"model.init_std {self.init_std} replaces model.init; set one of them, not "

@@ -34,6 +34,7 @@ Differences from the paper, all deliberate:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -60,7 +61,15 @@ BOS_ID = 1  # the decoder's start token; 0 is padding, codes start at 2
 @dataclass(frozen=True, kw_only=True)
 class TIGERConfig(ModelConfig):
     name: ClassVar[str] = "tiger"
+    at_least_one: ClassVar[tuple[str, ...]] = (
+        "num_heads",
+        "num_encoder_layers",
+        "num_decoder_layers",
+        "beam_size",
+        "relative_buckets",
+    )
     inference_settings: ClassVar[tuple[str, ...]] = ("beam_size",)
+    served_limits: ClassVar[Mapping[str, int]] = {"beam_size": 1000}  # the served k's limit
     uses_semantic_ids: ClassVar[bool] = True
     max_seq_len: int = 20  # history items read (the TIGER/TrieRec protocol's last 20)
     # Codes per level of the semantic IDs, disambiguation level included. Training fills it
@@ -82,21 +91,6 @@ class TIGERConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        sizes = [
-            self.hidden_size,
-            self.num_heads,
-            self.head_size,
-            self.ffn_size,
-            self.num_encoder_layers,
-            self.num_decoder_layers,
-            self.beam_size,
-            self.relative_buckets,
-        ]
-        if min(sizes) < 1:
-            raise ConfigError(
-                "model.hidden_size, num_heads, head_size, ffn_size, num_encoder_layers, "
-                "num_decoder_layers, beam_size and relative_buckets must be >= 1"
-            )
         if self.codebook_sizes and min(self.codebook_sizes) < 1:
             raise ConfigError(f"model.codebook_sizes must be positive, got {self.codebook_sizes}")
         check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)

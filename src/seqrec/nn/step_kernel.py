@@ -32,7 +32,7 @@ _SOFTPLUS_THRESHOLD = 20.0  # as torch's softplus: above it, softplus(x) = x
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def _layer_norm(x: F32, weight: F32, bias: F32, eps: float, out: F32) -> None:
     mean = x.mean()
     var = ((x - mean) ** 2).mean()
@@ -41,7 +41,7 @@ def _layer_norm(x: F32, weight: F32, bias: F32, eps: float, out: F32) -> None:
         out[i] = (x[i] - mean) * scale * weight[i] + bias[i]
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def _matvec(matrix: F32, vector: F32, out: F32) -> None:
     """out = matrix @ vector, matrix (M, K) row-major: M dot products over contiguous rows."""
     for row in range(matrix.shape[0]):
@@ -52,12 +52,12 @@ def _matvec(matrix: F32, vector: F32, out: F32) -> None:
         out[row] = total
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def _silu(x: np.float32) -> np.float32:
     return x * sigmoid_f32(x)
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def _conv_step(window: F32, x: F32, weight: F32, bias: F32, u: F32, new_window: F32) -> None:
     """u = SiLU(the causal conv's output for the K-1 past inputs ``window`` (C, K-1) and x),
     and the window shifted by one: new_window (C, K-1)."""
@@ -73,7 +73,7 @@ def _conv_step(window: F32, x: F32, weight: F32, bias: F32, u: F32, new_window: 
             new_window[c, taps - 2] = x[c]
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def _ssm_step(
     ssm: F32,
     u: F32,
@@ -99,7 +99,7 @@ def _ssm_step(
         gated[c] = y * _silu(z[c])
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def _feed_forward(h: F32, w_1: F32, b_1: F32, w_2: F32, b_2: F32, inner: F32, total: F32) -> None:
     """total = W_2 GELU(W_1 h + b_1) + b_2 + h (exact GELU); ``inner`` is scratch."""
     _matvec(w_1, h, inner)
@@ -111,7 +111,7 @@ def _feed_forward(h: F32, w_1: F32, b_1: F32, w_2: F32, b_2: F32, inner: F32, to
         total[i] += b_2[i] + h[i]
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def layer_step(
     hidden: F32,
     conv: F32,
@@ -176,7 +176,7 @@ def layer_step(
         _layer_norm(mixed, ffn_norm_weight, ffn_norm_bias, eps, out[b])
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def embed_items(
     ids: NDArray[np.int64],
     positions: NDArray[np.int64],
@@ -196,7 +196,7 @@ def embed_items(
         _layer_norm(vector, norm_weight, norm_bias, eps, out[b])
 
 
-@numba.njit(fastmath=True, cache=True)
+@numba.njit(fastmath=True, cache=True, error_model="numpy")
 def item_scores(hidden: F32, table: F32, out: F32) -> None:
     """out (B, V) = hidden (B, D) @ table (V, D)^T."""
     for b in range(hidden.shape[0]):

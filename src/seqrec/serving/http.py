@@ -48,7 +48,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqrec.config import ConfigError
 from seqrec.serving.predictor import Predictor, Recommendation, check_serves_histories
-from seqrec.serving.sessions import SessionStore, supports_sessions
+from seqrec.serving.sessions import SessionStore, UnknownItemError, supports_sessions
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,13 @@ def create_app(
             )
         return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
 
+    @app.exception_handler(ValueError)
+    async def model_failure(request: Request, err: ValueError) -> JSONResponse:
+        # What the model itself cannot do (scores that came out NaN): the request was fine, so
+        # 500, but with the reason as JSON and one log line, not a bare 500 and a traceback.
+        logger.error("%s %s: %s", request.method, request.url.path, err)
+        return JSONResponse(status_code=500, content={"detail": str(err)})
+
     @app.get("/health")
     def health() -> Health:
         return Health(
@@ -166,7 +173,18 @@ def create_app(
 
 
 def _add_recommend_routes(app: FastAPI, predictor: Predictor) -> None:
+    limits = type(predictor.model.config).served_limits
+
     def answer(histories: list[list[ItemId]], request: _Request) -> list[Recommendation]:
+        for name, value in request.settings.items():
+            limit = limits.get(name)
+            if limit is not None and isinstance(value, int) and value > limit:
+                raise HTTPException(
+                    status_code=422,
+                    detail=f"settings.{name} {value} is above this server's limit of {limit} "
+                    "(requests are answered one at a time); evaluate or recommend offline "
+                    "for more",
+                )
         try:
             return predictor.recommend(
                 [[str(item) for item in history] for history in histories],
@@ -216,7 +234,7 @@ def _add_session_routes(app: FastAPI, predictor: Predictor, store: SessionStore 
             result = held.append(session_id, str(request.item), request.k, request.exclude_seen)
         except KeyError:
             raise HTTPException(status_code=404, detail=_no_session(session_id)) from None
-        except ValueError as err:
+        except UnknownItemError as err:
             raise HTTPException(status_code=422, detail=str(err)) from None
         return _response(result, "cannot recommend")
 
@@ -300,6 +318,10 @@ class _StrictJsonRequest(Request):
                 raise  # FastAPI answers 422 with the position
             except ValueError as err:  # also not UTF-8, or an int of over 4300 digits
                 raise HTTPException(400, f"cannot read the JSON body: {err}") from None
+            except RecursionError:
+                raise HTTPException(
+                    400, "cannot read the JSON body: its arrays or objects nest too deeply"
+                ) from None
             if any(_LONE_SURROGATE.search(text) for text in _strings(parsed)):
                 raise HTTPException(
                     400,

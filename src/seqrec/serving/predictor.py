@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -115,7 +116,8 @@ class Predictor:
         known item of the history, however long. ``settings`` change inference settings of
         the model for this call only (``{"depth": 2}`` for RecRec).
         """
-        check_k(k)
+        k = check_k(k)
+        check_exclude_seen(exclude_seen)
         check_serves_histories(self.model)
         histories = list(histories)  # str is refused below, not split into characters
         for history in histories:
@@ -160,11 +162,23 @@ class Predictor:
         return top_items(scores, histories if exclude_seen else None, k)
 
 
-def check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int):
+def check_k(k: int) -> int:
+    """``k`` as an int: any integer but a bool (a numpy one too), at least 1."""
+    if isinstance(k, (bool, np.bool_)):
         raise TypeError(f"k must be an int, got {k!r}")
+    try:
+        k = operator.index(k)
+    except TypeError:
+        raise TypeError(f"k must be an int, got {k!r}") from None
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    return k
+
+
+def check_exclude_seen(exclude_seen: bool) -> None:
+    """A bool (a numpy one too): "no" or 0 would be read as their truth value."""
+    if not isinstance(exclude_seen, (bool, np.bool_)):
+        raise TypeError(f"exclude_seen must be True or False, got {exclude_seen!r}")
 
 
 def check_history(history: object) -> None:

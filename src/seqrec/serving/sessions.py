@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -26,11 +26,23 @@ from torch import Tensor
 from seqrec.serving.predictor import (
     Predictor,
     Recommendation,
+    check_exclude_seen,
     check_history,
     check_k,
     nothing_known,
     top_items,
 )
+
+
+class UnknownItemError(ValueError):
+    """An event's item is outside the model's catalogue; the session is unchanged."""
+
+
+def check_id(what: str, value: object) -> str:
+    """A session or item id: a str, or an int (as JSON and the CLI give them), as a str."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, int, np.integer)):
+        raise TypeError(f"{what} must be a str or an int, got {type(value).__name__} {value!r:.60}")
+    return str(value)
 
 
 @runtime_checkable
@@ -61,6 +73,8 @@ class SessionStore:
                 f"{predictor.model.config.name} has no recurrent state to keep per session "
                 "(models with one: gru4rec, mamba4rec)"
             )
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"session capacity must be an int, got {capacity!r}")
         if capacity < 1:
             raise ValueError(f"session capacity must be >= 1, got {capacity}")
         self.predictor = predictor
@@ -70,61 +84,75 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def __contains__(self, session_id: str) -> bool:
-        return session_id in self._sessions
+    def __contains__(self, session_id: object) -> bool:
+        return isinstance(session_id, (str, int)) and str(session_id) in self._sessions
 
     def start(
         self, session_id: str, history: Sequence[str], k: int = 10, exclude_seen: bool = True
     ) -> Recommendation:
         """(Re)start a session from a history, oldest first; with no known item in it the
-        session is not started and the answer carries ``error``."""
-        check_k(k)
+        answer carries ``error`` and nothing changes: a session held under ``session_id``
+        stays as it was (a failed PUT leaves its resource alone), which the error says."""
+        session_id = check_id("session_id", session_id)
+        k = check_k(k)
+        check_exclude_seen(exclude_seen)
         check_history(history)
         ids, unknown = self.predictor.id_map.item_to_internal([str(item) for item in history])
         if len(ids) == 0:
-            return nothing_known(unknown)
+            refused = nothing_known(unknown)
+            if session_id in self._sessions:
+                held = f"{refused.error}; the session held as {session_id!r} is unchanged"
+                refused = replace(refused, error=held)
+            return refused
         with self.predictor.exclusive() as model, torch.inference_mode():
             assert isinstance(model, RecurrentRecommender)
             input_ids = torch.from_numpy(ids).unsqueeze(0).to(self.predictor.device)
             state, scores = model.init_state(input_ids)
             session = _Session(state, set(ids.tolist()))
-            self._sessions[session_id] = session
+            answer = self._answer(session.seen, scores, k, exclude_seen, unknown)
+            self._sessions[session_id] = session  # only once answered: a failure changes nothing
             self._sessions.move_to_end(session_id)
             while len(self._sessions) > self.capacity:
                 self._sessions.popitem(last=False)
-            return self._answer(session, scores, k, exclude_seen, unknown)
+            return answer
 
     def append(
         self, session_id: str, item: str, k: int = 10, exclude_seen: bool = True
     ) -> Recommendation:
-        """Add one item to a session: ``KeyError`` for a session not held, ``ValueError``
-        (session unchanged) for an item outside the catalogue."""
-        check_k(k)
-        ids, _ = self.predictor.id_map.item_to_internal([str(item)])
+        """Add one item to a session: ``KeyError`` for a session not held,
+        ``UnknownItemError`` (session unchanged) for an item outside the catalogue."""
+        session_id = check_id("session_id", session_id)
+        item = check_id("item", item)
+        k = check_k(k)
+        check_exclude_seen(exclude_seen)
+        ids, _ = self.predictor.id_map.item_to_internal([item])
         with self.predictor.exclusive() as model, torch.inference_mode():
             assert isinstance(model, RecurrentRecommender)
             session = self._sessions[session_id]  # KeyError: not started, or dropped
             if len(ids) == 0:  # after the session: a session not held is that error first
-                raise ValueError(
+                raise UnknownItemError(
                     f"item {item!r} is not in the model's catalogue; session unchanged"
                 )
             item_ids = torch.from_numpy(ids).to(self.predictor.device)
-            session.state, scores = model.step(session.state, item_ids)
-            session.seen.add(int(ids[0]))
+            state, scores = model.step(session.state, item_ids)
+            seen = session.seen | {int(ids[0])}
+            answer = self._answer(seen, scores, k, exclude_seen, [])
+            session.state, session.seen = state, seen  # only once answered, as in start
             self._sessions.move_to_end(session_id)
-            return self._answer(session, scores, k, exclude_seen, [])
+            return answer
 
     def end(self, session_id: str) -> bool:
         """Forget a session; False when it was not held."""
+        session_id = check_id("session_id", session_id)
         with self.predictor.exclusive():
             return self._sessions.pop(session_id, None) is not None
 
     def _answer(
-        self, session: _Session, scores: Tensor, k: int, exclude_seen: bool, unknown: list[str]
+        self, seen: set[int], scores: Tensor, k: int, exclude_seen: bool, unknown: list[str]
     ) -> Recommendation:
-        seen: list[npt.NDArray[np.int64]] | None = None
+        excluded: list[npt.NDArray[np.int64]] | None = None
         if exclude_seen:
-            seen = [np.fromiter(session.seen, dtype=np.int64, count=len(session.seen))]
+            excluded = [np.fromiter(seen, dtype=np.int64, count=len(seen))]
         scores = scores.float().cpu().clone()  # (1, N + 1); top_items writes into it
-        ((items, values),) = top_items(scores, seen, k)
+        ((items, values),) = top_items(scores, excluded, k)
         return Recommendation(self.predictor.id_map.item_to_original(items), values, unknown)

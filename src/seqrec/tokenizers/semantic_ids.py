@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from seqrec.config import TokenizerConfig
+from seqrec.data.idmap import catalogue_difference
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_write, atomic_write_text
 from seqrec.tokenizers.rqkmeans import ArrayLike, RQKMeans
@@ -112,11 +113,7 @@ class SemanticIds:
         items = tuple(str(i) for i in item_ids)
         if items == self.item_ids:
             return
-        if len(items) != self.num_items:
-            detail = f"{self.num_items} items in the semantic IDs, {len(items)} in the data"
-        else:
-            i = next(i for i, (a, b) in enumerate(zip(items, self.item_ids, strict=True)) if a != b)
-            detail = f"internal item {i + 1} is {self.item_ids[i]!r} there, {items[i]!r} here"
+        detail = catalogue_difference(self.item_ids, items, "in the semantic IDs")
         raise DataError(
             f"the semantic IDs were fitted on another item catalogue ({detail}); refit the "
             "tokeniser on this data, or use the data section they were fitted with"

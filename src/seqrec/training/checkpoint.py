@@ -13,6 +13,7 @@ Every file is written atomically, so a crash at any moment leaves the previous v
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from seqrec.data.idmap import IdMap
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_path, atomic_write_text
 from seqrec.models.base import (
+    MODELS,
     ModelConfig,
     SequentialRecommender,
     build_model,
@@ -38,6 +40,8 @@ WEIGHTS = "model.pt"
 STATE = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
+
+logger = logging.getLogger(__name__)
 
 
 class RunDirError(ValueError):
@@ -59,7 +63,21 @@ def load_torch(path: Path) -> Any:
     except PermissionError as err:  # other OSErrors come from a truncated file
         raise RunDirError(f"cannot read {path}: {err.strerror or _first_line(err)}") from None
     except Exception as err:  # torch raises many types for a truncated or foreign file
-        raise RunDirError(f"{path} is corrupt or not a seqrec file ({_first_line(err)})") from None
+        raise RunDirError(
+            f"{path} is corrupt or not a seqrec file ({_load_failure(err)})"
+        ) from None
+
+
+def _load_failure(err: BaseException) -> str:
+    """The cause in torch.load's error. Its weights-only refusals open with advice to load
+    with weights_only=False, which could run code in a file that is corrupt or foreign:
+    their cause is the line after "WeightsUnpickler error:"."""
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        cause = text.split(marker, 1)[1].strip().splitlines()
+        return f"unpickling: {cause[0].strip()}" if cause else "not a weights file"
+    return _first_line(err)
 
 
 def _first_line(err: BaseException) -> str:
@@ -98,6 +116,34 @@ def read_config(run_dir: Path) -> dict[str, Any]:
         raise RunDirError(f"{path} is corrupt: {err}") from None
     if not isinstance(raw, dict) or "model" not in raw:
         raise RunDirError(f"{path} is not a seqrec config")
+    return _without_unread_fields(raw, path)
+
+
+def _without_unread_fields(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The saved config without the fields that seqrec versions before 2026-12-07 accepted,
+    recorded and never read, and that the config checks refuse since: the run loads, and
+    resumes, as it was trained. Dropped: ``data.path`` beside a registry dataset (the registry
+    dataset was read) and, in a wrapper's ``model.backbone_options``, fields of the
+    backbone's own training objective (the wrapper trains it with its own loss)."""
+    dropped = []
+    data = raw.get("data")
+    registry = isinstance(data, dict) and data.get("dataset", "ml-1m") != "file"
+    if isinstance(data, dict) and registry and data.get("path") is not None:
+        raw = {**raw, "data": {k: v for k, v in data.items() if k != "path"}}
+        dropped.append("data.path")
+    model = raw["model"]
+    options = model.get("backbone_options") if isinstance(model, dict) else None
+    backbone = model.get("backbone") if isinstance(model, dict) else None
+    if isinstance(options, dict) and isinstance(backbone, str) and backbone in MODELS:
+        unread = set(options) & set(MODELS.get(backbone).config_class.objective_fields)
+        if unread:
+            kept = {k: v for k, v in options.items() if k not in unread}
+            raw = {**raw, "model": {**model, "backbone_options": kept}}
+            dropped += [f"model.backbone_options.{name}" for name in sorted(unread)]
+    if dropped:
+        logger.warning(
+            "%s: ignoring %s, which the run was trained without reading", path, ", ".join(dropped)
+        )
     return raw
 
 

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from seqrec.config import ConfigError, TokenizerConfig
 from seqrec.data.datasets import user_cache_dir
+from seqrec.data.idmap import catalogue_difference
 from seqrec.data.item_text import count_duplicates, count_missing, item_texts
 from seqrec.data.sequences import PreparedData, Sequences
 from seqrec.io import atomic_write
@@ -182,9 +183,9 @@ def collaborative_embeddings(run_dir: str | Path, data: PreparedData) -> FloatAr
     run = load_run(run_dir)
     if run.id_map.items != data.id_map.items:
         raise ConfigError(
-            f"tokenizer.collaborative_run {run_dir} was trained on other items "
-            f"({run.id_map.num_items} items) than this data ({data.num_items} items of "
-            f"{data.name}); train it with the same data section"
+            f"tokenizer.collaborative_run {run_dir} was trained on other items than "
+            f"{data.name} ({catalogue_difference(run.id_map.items, data.id_map.items, 'there')}); "
+            "train it with the same data section"
         )
     model = run.model
     output_embedding = getattr(model, "output_embedding", None)

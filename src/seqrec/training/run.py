@@ -32,7 +32,7 @@ from seqrec.config import (
 from seqrec.data.prepare import prepare
 from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
-from seqrec.evaluation import EvalResult, check_num_negatives, evaluate_model
+from seqrec.evaluation import EvalResult, check_protocol_fits, evaluate_model
 from seqrec.models.base import (
     MODELS,
     ModelConfig,
@@ -362,7 +362,7 @@ def _train_experiment(
     config = _absolute_data_path(config)
     check_train_config(config)  # before the data is read or downloaded
     data = group.local_main_first(lambda: prepare(config.data, data_dir))
-    check_num_negatives(config.eval, data.num_items)  # validation uses it: before epoch 1
+    check_protocol_fits(config.eval, data.num_items)  # validation uses it: before epoch 1
     seed_everything(config.train.seed)
     model, semantic_ids = model_for_data(config, data, data_dir, run_dir, started, group)
     resolved = _resolved(config, model, data)
@@ -495,7 +495,7 @@ def evaluate_run(
     run = load_run(run_dir, settings=settings)
     eval_config = replace_checked(run.config.eval, overrides or {}, "eval")
     _check_overrides_apply(eval_config, overrides or {})
-    check_num_negatives(eval_config, run.model.config.num_items)  # before the data is read
+    check_protocol_fits(eval_config, run.model.config.num_items)  # before the data is read
     with data_parallel(device) as group:
         data = group.local_main_first(lambda: data_for_run(run, data_dir))
         target = group.device(resolve_device(device))
