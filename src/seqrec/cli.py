@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from seqrec import __version__
 from seqrec.config import ConfigError, experiment_from_raw, load_raw, set_dotted
 from seqrec.data.schema import DataError
-from seqrec.io import atomic_write_text, written_in_place
+from seqrec.io import atomic_write_text, standard_json, written_in_place
 from seqrec.training.launch import launched_rank, launched_world_size
 
 if TYPE_CHECKING:
@@ -50,9 +51,14 @@ def _metric_table(metrics: dict[str, float], ci95: dict[str, float], ks: Sequenc
     header = f"{'K':>4}  " + "  ".join(f"{n:>17}" for n in names)
     lines = [header]
     for k in ks:
-        cells = [f"{metrics[f'{n}@{k}']:.4f} ± {ci95[f'{n}@{k}']:.4f}" for n in names]
+        cells = [f"{metrics[f'{n}@{k}']:.4f} ± {_half_width(ci95[f'{n}@{k}'])}" for n in names]
         lines.append(f"{k:>4}  " + "  ".join(f"{c:>17}" for c in cells))
     return "\n".join(lines)
+
+
+def _half_width(value: float) -> str:
+    """A confidence interval's half-width; "n/a" where one user gives none (NaN)."""
+    return f"{value:.4f}" if math.isfinite(value) else "   n/a"
 
 
 def print_result(result: EvalResult, title: str) -> None:
@@ -192,7 +198,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if args.json:
-        print(json.dumps([row.to_dict() for row in rows]))
+        print(json.dumps(standard_json([row.to_dict() for row in rows])))
         return 0
     print(f"A = {args.ranks_a}, B = {args.ranks_b}: per-user differences A - B")
     print(f"{'metric':>8} {'A':>8} {'B':>8} {'A - B':>9} {'std err':>8} {'z':>6}  bootstrap 95%")
@@ -235,7 +241,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.export_ranks:
         export_ranks(result, run.id_map, args.export_ranks)
     if args.json:
-        print(json.dumps(result.flat()))
+        print(json.dumps(standard_json(result.flat())))
     else:
         print_result(result, f"{run.model.config.name} ({args.run_dir})")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import secrets
 import shutil
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 
 @contextmanager
@@ -156,3 +158,15 @@ def _remove_abandoned(target: Path) -> None:
 
 def _new_name_beside(target: Path, suffix: str) -> Path:
     return target.with_name(f".{target.name}.{secrets.token_hex(4)}.{suffix}")
+
+
+def standard_json(obj: Any) -> Any:
+    """``obj`` with every NaN and infinity as None: Python writes them as NaN and Infinity,
+    which no standard JSON reader accepts (a confidence interval over one user is NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {key: standard_json(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [standard_json(value) for value in obj]
+    return obj

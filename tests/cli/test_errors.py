@@ -387,6 +387,12 @@ def truncate(path: Path, keep: float) -> None:
         pytest.param(
             lambda run: (run / "model.pt").unlink(), r"model\.pt is missing", id="model-missing"
         ),
+        pytest.param(  # what Ctrl-C before the first epoch's end leaves
+            lambda run: [(run / name).unlink() for name in ("model.pt", "checkpoint.pt")],
+            r"never completed an epoch \(no model\.pt, no checkpoint\.pt: stopped before its "
+            r"first epoch ended\): seqrec train --out .* --resume trains it$",
+            id="stub",
+        ),
         pytest.param(
             lambda run: truncate(run / "config.json", 0.5),
             r"config\.json is corrupt",

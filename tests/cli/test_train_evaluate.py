@@ -326,3 +326,52 @@ def test_no_filter_seen_changes_results_on_data_with_repeats(
         else:  # history items only compete with the target when they are kept
             assert k[user] >= f[user], user
     assert any(k[user] <= 10 for user in repeats)
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+
+
+def test_resume_on_data_whose_ids_changed_is_refused(
+    log_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Renaming one item shifts the internal ids of others: the resumed epochs once trained
+    the old weights against other items, and id_map.json stayed the old one."""
+    log = tmp_path / "log.csv"
+    shutil.copy(log_csv, log)
+    config = write_yaml(tmp_path / "c.yaml", {**file_raw(log), "train": {"max_epochs": 1}})
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(run)]) == 0
+    frame = pl.read_csv(log, infer_schema=False)
+    renamed = frame["item_id"][0]
+    frame.with_columns(pl.col("item_id").replace(renamed, "zz-renamed")).write_csv(log)
+    capsys.readouterr()
+    before = folder_bytes(run)
+    args = ["train", "--out", str(run), "--resume", "--set", "train.max_epochs=2"]
+    assert main(args) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: --resume: the data no longer matches {run / 'id_map.json'} (the file or its "
+        "preprocessing changed since the run started); resume with the data it was started "
+        "on, or start a new --out"
+    )
+    assert folder_bytes(run) == before
+
+
+def test_out_holding_files_a_run_writes_but_no_run_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were replaced without a word (results.json, model.pt, metrics.jsonl)."""
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw(train={"max_epochs": 1}))
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "results.json").write_text("my notes\n")
+    (out / "notes.txt").write_text("kept\n")
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: {out} holds results.json but no run (config.json): training there would "
+        "replace them; choose a new --out, or move them away"
+    )
+    assert folder_bytes(out) == {"results.json": b"my notes\n", "notes.txt": b"kept\n"}
+    (out / "results.json").unlink()  # other files are no reason to refuse
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 0
+    assert (out / "notes.txt").read_text() == "kept\n"

@@ -4,6 +4,7 @@ folders published whole, however many writers race for one."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import threading
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from seqrec.io import atomic_folder, atomic_path, atomic_write_text
+from seqrec.cli import _metric_table
+from seqrec.io import atomic_folder, atomic_path, atomic_write_text, standard_json
 
 
 @pytest.fixture
@@ -187,3 +189,16 @@ def test_folders_a_killed_writer_left_are_removed_once_old(tmp_path: Path) -> No
         recent.name,
         "entry",
     ]  # a live writer's may be young
+
+
+def test_standard_json_writes_non_finite_numbers_as_null() -> None:
+    """Python writes NaN and Infinity, which standard JSON readers refuse (a confidence
+    interval over one user is NaN)."""
+    obj = {"a": float("nan"), "b": [1.5, float("-inf"), {"c": float("inf")}], "d": (2, "x")}
+    text = json.dumps(standard_json(obj), allow_nan=False)
+    assert json.loads(text) == {"a": None, "b": [1.5, None, {"c": None}], "d": [2, "x"]}
+
+
+def test_the_results_table_says_n_a_where_there_is_no_interval() -> None:
+    table = _metric_table({"HR@10": 1.0}, {"HR@10": float("nan")}, [10])
+    assert table.splitlines()[1].split() == ["10", "1.0000", "±", "n/a"]

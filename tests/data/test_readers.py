@@ -578,3 +578,59 @@ def test_a_time_column_that_is_not_read_is_warned_of(
     read_interactions(path, "auto", ColumnMap(timestamp="Timestamp"))
     read_interactions(write(tmp_path / "plain.csv", "user_id,item_id,score\nu1,a,1\n"))
     assert caplog.text == ""
+
+
+def test_float_id_columns_read_as_the_integers_they_hold_and_nan_is_missing(
+    tmp_path: Path,
+) -> None:
+    """pandas writes an integer column with gaps as floats: ids were "10.0", and every NaN
+    one shared item "NaN"."""
+    path = tmp_path / "log.parquet"
+    pl.DataFrame({"user_id": [1.0, 1.0, 2.0], "item_id": [10.0, 11.0, 10.0]}).write_parquet(path)
+    assert rows(read_interactions(path)) == [("1", "10"), ("1", "11"), ("2", "10")]
+    pl.DataFrame({"user_id": [1, 1], "item_id": [10.0, float("nan")]}).write_parquet(path)
+    with pytest.raises(DataError, match=r"column 'item_id' is empty \(NaN\) in data row 2"):
+        read_interactions(path)
+    pl.DataFrame({"user_id": [1, 1], "item_id": [1.5, 2.0]}).write_parquet(path)
+    assert read_interactions(path)["item_id"].to_list() == ["1.5", "2.0"]  # not whole: as is
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "text", "users"),
+    [
+        ("log.txt", "pairs", "1 10\n1 11\n", ["1", "1"]),
+        ("log.txt", "sequences", "1 10 11\n2 10\n", ["1", "1", "2"]),
+        ("ratings.dat", "auto", "1::10::5::100\n1::11::4::101\n", ["1", "1"]),
+    ],
+    ids=["pairs", "sequences", "ratings-dat"],
+)
+def test_a_byte_order_mark_is_not_part_of_the_first_id(
+    tmp_path: Path, name: str, fmt: str, text: str, users: list[str]
+) -> None:
+    """It split user 1 of ratings.dat into 'ï»¿1' and '1' (read as Latin-1)."""
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert read_interactions(path, fmt)["user_id"].to_list() == users  # type: ignore[arg-type]
+
+
+def test_a_gzipped_parquet_file_is_read(tmp_path: Path) -> None:
+    plain = tmp_path / "log.parquet"
+    pl.DataFrame({"user_id": ["u1", "u1"], "item_id": ["a", "b"]}).write_parquet(plain)
+    packed = tmp_path / "log.parquet.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert rows(read_interactions(packed)) == rows(read_interactions(plain))
+
+
+def test_spaces_around_a_timestamp_are_not_part_of_it(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.csv", "user_id,item_id,ts\nu1,i1, 5\nu1,i2,3 \n")
+    df = read_interactions(path, "auto", ColumnMap(timestamp="ts"))
+    assert df["timestamp"].to_list() == [5, 3]
+
+
+def test_a_header_that_names_a_read_column_twice_is_refused(tmp_path: Path) -> None:
+    """The first one was read without a word."""
+    path = write(tmp_path / "log.csv", "user_id,item_id,item_id\nu1,a,b\nu1,c,d\n")
+    with pytest.raises(DataError, match="the header names column 'item_id' more than once"):
+        read_interactions(path)
+    other = write(tmp_path / "other.csv", "user_id,item_id,note,note\nu1,a,x,y\n")
+    assert rows(read_interactions(other)) == [("u1", "a")]  # a column not read may repeat

@@ -73,3 +73,21 @@ def test_time_budget_stops_after_the_epoch_that_reaches_it(
     out = train(tmp_path, "run2", write_yaml(tmp_path / "c2.yaml", raw))
     assert len(read_jsonl(out / "metrics.jsonl")) == 2
     capsys.readouterr()
+
+
+def refuse_constant(name: str) -> None:
+    raise AssertionError(f"{name} is not standard JSON")
+
+
+def test_an_epoch_that_ends_training_is_validated_whatever_eval_every_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A budget reached before the first validation (eval_every 5) saved the initial weights,
+    with valid NDCG@10 -Infinity in results.json, which is not JSON."""
+    raw = tiny_raw(train={"max_epochs": 10, "eval_every": 5, "time_budget_minutes": 0.0001})
+    out = train(tmp_path, "run", write_yaml(tmp_path / "c.yaml", raw))
+    capsys.readouterr()
+    (row,) = read_jsonl(out / "metrics.jsonl")
+    results = json.loads((out / "results.json").read_text(), parse_constant=refuse_constant)
+    assert results["best_epoch"] == 1
+    assert results["valid_NDCG@10"] == row["valid_NDCG@10"] > 0

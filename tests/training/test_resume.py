@@ -18,10 +18,11 @@ import torch
 from seqrec.cli import main
 from seqrec.config import ConfigError, experiment_from_raw
 from seqrec.data.prepare import prepare
+from seqrec.data.schema import DataError
 from seqrec.io import atomic_path
 from seqrec.models.base import build_model, build_model_config
 from seqrec.training.checkpoint import RunDirError, load_torch, read_config, save_torch
-from seqrec.training.loop import Trainer, seed_everything
+from seqrec.training.loop import FitResult, Trainer, seed_everything
 from seqrec.training.run import train_experiment
 from tests.cli.helpers import (
     SEQREC,
@@ -524,3 +525,53 @@ def test_objective_fields_a_wrapper_saved_in_backbone_options_are_dropped(tmp_pa
     options = read_config(tmp_path)["model"]["backbone_options"]
     assert options == {"init_std": 0.02}
     build_model_config(read_config(tmp_path)["model"], num_items=10)  # refused before
+
+
+def test_patience_counts_epochs_since_the_best_not_validations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval_every 2 with the forced validation of the last epoch (3) once counted 2 epochs
+    without improvement after 1: the run was early-stopped, and resuming it to 6 epochs
+    trained nothing, unlike a run started with 6."""
+    scripted = {2: 0.5, 3: 0.4, 4: 0.45, 6: 0.3}  # validation NDCG@10 by epoch
+
+    def validate(self: Trainer) -> dict[str, float]:
+        return {"NDCG@10": scripted[self.state.epoch + 1]}
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+
+    def fit(max_epochs: int, resume: bool) -> FitResult:
+        train = {"eval_every": 2, "patience": 2, "max_epochs": max_epochs}
+        config = experiment_from_raw(tiny_raw(train=train))
+        data = prepare(config.data)
+        model_config = build_model_config(config.model, num_items=data.num_items)
+        trainer = Trainer(build_model(model_config), data, config, tmp_path / "run")
+        assert trainer.resume() == resume
+        return trainer.fit()
+
+    first = fit(3, resume=False)
+    assert (first.best_epoch, first.stop_reason) == (2, "train.max_epochs 3 reached")
+    resumed = fit(6, resume=True)
+    assert resumed.epochs == 4  # epochs 3 and 4 without improvement
+    assert resumed.stop_reason == "NDCG@10 did not improve for 2 epochs (early stop)"
+    assert resumed.best_epoch == 2
+
+
+def test_a_split_without_validation_users_is_refused_before_training(tmp_path: Path) -> None:
+    """Every validation metric was NaN, no epoch the best, and model.pt the initial weights."""
+    rows = [f"a{u},i{i},{t}" for u in range(5) for i, t in ((1, 1), (2, 2), (3, 1000))]
+    rows += [f"b{u},i{u % 3 + 1},{t}" for u in range(20) for t in (5, 1000)]
+    log = tmp_path / "gts.csv"
+    log.write_text("user_id,item_id,ts\n" + "\n".join(rows) + "\n")
+    data = {
+        "dataset": "file",
+        "path": str(log),
+        "timestamp_column": "ts",
+        "split": "global_temporal",
+        "min_user_interactions": 1,
+        "min_item_interactions": 1,
+    }
+    config = experiment_from_raw(tiny_raw(data=data))
+    with pytest.raises(DataError, match="the global_temporal split leaves no validation user"):
+        train_experiment(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -38,6 +38,7 @@ Text formats are split with Polars string kernels, not per-token Python.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import io
@@ -203,6 +204,8 @@ def _holds_no_rows(path: Path, fmt: ReadFormat) -> bool:
         if path.stat().st_size == 0:
             return True
         if fmt == "parquet":
+            if path.name.endswith(".gz"):
+                return pl.read_parquet(io.BytesIO(_read_bytes(path)), n_rows=1).height == 0
             return int(pl.scan_parquet(path).select(pl.len()).collect().item()) == 0
         lines = [line for line in _head_lines(path, size=1 << 16) if line.strip()]
     except (OSError, DataError, pl.exceptions.PolarsError):
@@ -266,7 +269,7 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _read_text(path: Path, encoding: str = "utf-8") -> str:
-    data = _read_bytes(path)
+    data = _read_bytes(path).removeprefix(codecs.BOM_UTF8)  # a BOM is not part of the first id
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as err:
@@ -416,6 +419,12 @@ def _read_table(path: Path, fmt: ReadFormat, columns: ColumnMap) -> pl.DataFrame
     }
     needed = [name for name in wanted.values() if name is not None]
     df = _load_parquet(path, needed) if fmt == "parquet" else _load_delimited(path, fmt == "csv")
+    for name in needed:  # polars keeps the first and renames the others name_duplicated_0, ...
+        if f"{name}_duplicated_0" in df.columns:
+            raise DataError(
+                f"{path}: the header names column {name!r} more than once; rename the one "
+                "that is not meant"
+            )
     missing = [name for name in wanted.values() if name is not None and name not in df.columns]
     if missing:
         advice = "" if fmt == "parquet" else _header_problem(df, fmt)
@@ -472,9 +481,15 @@ def _load_parquet(path: Path, needed: list[str]) -> pl.DataFrame:
     caller's error can list what the file has); a wide log is not read whole."""
     if not path.is_file():
         raise DataError(f"file {path} does not exist")
+    # a .parquet.gz is read decompressed in memory, as every other .gz
+    source: Path | io.BytesIO = path
+    if path.name.endswith(".gz"):
+        source = io.BytesIO(_read_bytes(path))
     try:
-        names = pl.read_parquet_schema(path).keys()
-        return pl.read_parquet(path, columns=needed if set(needed) <= set(names) else None)
+        names = pl.read_parquet_schema(source).keys()
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+        return pl.read_parquet(source, columns=needed if set(needed) <= set(names) else None)
     except (OSError, pl.exceptions.PolarsError) as err:
         raise DataError(f"cannot read parquet file {path}: {err}") from None
 
@@ -564,12 +579,30 @@ def _to_id(path: Path, values: pl.Series, column: str) -> pl.Series:
     _refuse_empty(path, values, column, "drop those rows or fill them in")
     if values.dtype.is_nested():  # a cast to String would raise, or print a struct as "{1}"
         raise _wrong_type(path, values, column, "ids")
+    if values.dtype.is_float():  # pandas writes an integer column with gaps as floats
+        values = _float_ids(path, values, column)
     try:
         ids = values.cast(pl.String)
     except pl.exceptions.PolarsError:
         raise _wrong_type(path, values, column, "ids") from None
     _warn_of_padded_ids(path, ids, column)
     return ids
+
+
+def _float_ids(path: Path, values: pl.Series, column: str) -> pl.Series:
+    """A float id column: NaN is a missing id, not an item "NaN"; whole numbers are the
+    integers they hold ("10", not "10.0", as the same id reads from any other file)."""
+    missing = values.is_nan()
+    if missing.any():
+        row = int(missing.arg_true()[0])
+        raise DataError(
+            f"{path}: column {column!r} is empty (NaN) in data row {row + 1}; drop those rows "
+            "or fill them in"
+        )
+    whole = (values == values.floor()) & (values.abs() < 2.0**53)
+    if whole.all():
+        return values.cast(pl.Int64)
+    return values
 
 
 def _warn_of_padded_ids(path: Path, ids: pl.Series, column: str) -> None:
@@ -608,7 +641,7 @@ def _to_epoch_seconds(path: Path, values: pl.Series, column: str) -> list[pl.Ser
         seconds = values.cast(pl.Int64, strict=False)  # NaN, inf and overflow -> null
         precise = values.cast(pl.Float64)
     elif values.dtype == pl.String:
-        seconds, precise = _parse_timestamps(values)
+        seconds, precise = _parse_timestamps(values.str.strip_chars())  # "u1, i1, 5"
     else:
         raise _wrong_type(path, values, column, "timestamps")
     if seconds.null_count():

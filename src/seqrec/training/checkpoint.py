@@ -24,7 +24,7 @@ import torch
 from seqrec.config import ConfigError, ExperimentConfig, experiment_from_raw
 from seqrec.data.idmap import IdMap
 from seqrec.data.schema import DataError
-from seqrec.io import atomic_path, atomic_write_text
+from seqrec.io import atomic_path, atomic_write_text, standard_json
 from seqrec.models.base import (
     MODELS,
     ModelConfig,
@@ -86,11 +86,11 @@ def _first_line(err: BaseException) -> str:
 
 
 def save_json(obj: Any, path: Path) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(standard_json(obj), indent=2, sort_keys=True) + "\n")
 
 
 def write_metrics(rows: list[dict[str, Any]], run_dir: Path) -> None:
-    atomic_write_text(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(run_dir / METRICS, "".join(json.dumps(standard_json(r)) + "\n" for r in rows))
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,11 @@ def load_run(
         raise RunDirError(
             f"{run_dir} has not finished training (no {weights} yet, a checkpoint from an "
             f"interrupted run): seqrec train --out {run_dir} --resume finishes it"
+        )
+    if not (run_dir / weights).exists() and not (run_dir / STATE).exists():
+        raise RunDirError(
+            f"{run_dir} never completed an epoch (no {weights}, no {STATE}: stopped before "
+            f"its first epoch ended): seqrec train --out {run_dir} --resume trains it"
         )
     state = load_torch(run_dir / weights)
     try:

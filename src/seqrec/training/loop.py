@@ -394,6 +394,23 @@ class FitResult:
     stop_reason: str | None = None  # why training ended (early stop, max_epochs, budget)
 
 
+def check_has_validation_users(data: PreparedData) -> None:
+    """Early stopping and the choice of the best weights need validation users: without any,
+    every metric is NaN, no epoch is ever the best, and the initial weights were saved."""
+    if len(data.split.valid) > 0:
+        return
+    if data.split.protocol == "global_temporal":
+        why = (
+            "no user has an interaction between the validation and the test cut with an "
+            "earlier one; change data.temporal_quantile or add data"
+        )
+    else:
+        why = "a user needs 3 interactions for a validation target; add data"
+    raise DataError(
+        f"{data.name}: the {data.split.protocol} split leaves no validation user: {why}"
+    )
+
+
 class Trainer:
     """Fits a model on prepared data; with a run directory it checkpoints every epoch.
 
@@ -412,6 +429,7 @@ class Trainer:
         group: DataParallel = SINGLE_PROCESS,
     ) -> None:
         check_trainer_config(model, config, group.world_size)
+        check_has_validation_users(data)
         self.model = model
         self.data = data
         self.config = config
@@ -520,8 +538,8 @@ class Trainer:
                 self.state.best_metric, self.state.best_epoch = value, epoch
                 self.state.epochs_without_improvement = 0
                 self.best_weights = copy.deepcopy(self.model.state_dict())
-            else:
-                self.state.epochs_without_improvement += self.config.train.eval_every
+            else:  # epochs since the best, not validations: the last epoch is always validated
+                self.state.epochs_without_improvement = epoch - self.state.best_epoch
         self.state.epoch = epoch
         self.state.history.append(row)
         if self.group.is_main:
@@ -534,10 +552,13 @@ class Trainer:
             return f"{train.monitor} did not improve for {train.patience} epochs (early stop)"
         if state.epoch >= train.max_epochs:
             return f"train.max_epochs {train.max_epochs} reached"
-        budget = train.time_budget_minutes
-        if budget is not None and state.elapsed_seconds >= 60.0 * budget:
-            return f"time budget of {budget:g} minutes reached"
+        if self._over_budget(state.elapsed_seconds):
+            return f"time budget of {train.time_budget_minutes:g} minutes reached"
         return None
+
+    def _over_budget(self, elapsed_seconds: float) -> bool:
+        budget = self.config.train.time_budget_minutes
+        return budget is not None and elapsed_seconds >= 60.0 * budget
 
     def train_steps(
         self, steps: Iterable[SeqBatch | list[SeqBatch]], progress: tqdm[Any] | None = None
@@ -574,9 +595,18 @@ class Trainer:
             ) as bar:
                 stats = self.train_steps(self.batches.steps(numpy_rng, sample_rng), progress=bar)
             self.group.check_replicas(self.model)
-            validate = epoch % train.eval_every == 0 or epoch == train.max_epochs
+            # Rank 0's clock decides the time budget on every rank. An epoch after which
+            # training stops is validated whatever eval_every says: the last weights can be
+            # the best, and a budget reached before any validation kept the initial weights.
+            trained = self.state.elapsed_seconds + self.group.broadcast(
+                time.perf_counter() - epoch_started
+            )
+            validate = (
+                epoch % train.eval_every == 0
+                or epoch == train.max_epochs
+                or self._over_budget(trained)
+            )
             metrics = self.validate() if validate else None
-            # Rank 0's clock decides the time budget on every rank.
             self.state.elapsed_seconds += self.group.broadcast(time.perf_counter() - epoch_started)
             self._record(epoch, stats, metrics)
             reason = self._stop_reason()

@@ -29,6 +29,7 @@ from seqrec.config import (
     replace_checked,
     set_dotted,
 )
+from seqrec.data.idmap import IdMap
 from seqrec.data.prepare import prepare
 from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
@@ -41,9 +42,11 @@ from seqrec.models.base import (
     build_model_config,
     warm_start_conflicts,
 )
+from seqrec.tokenizers.semantic_ids import CODES_FILE, META_FILE
 from seqrec.training.checkpoint import (
     CONFIG,
     ID_MAP,
+    METRICS,
     RESULTS,
     STATE,
     WEIGHTS,
@@ -59,6 +62,7 @@ from seqrec.training.loop import (
     FitResult,
     Trainer,
     check_data_parallel,
+    check_has_validation_users,
     check_train_config,
     resolve_device,
     seed_everything,
@@ -343,9 +347,33 @@ def _holds_a_run(run_dir: Path, resume: bool) -> bool:
         raise RunDirError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out"
         )
+    if not started and run_dir.is_dir():
+        # Files a run writes, in a folder that holds no run: training would replace them.
+        clobbered = [
+            name
+            for name in (WEIGHTS, RESULTS, METRICS, ID_MAP, CODES_FILE, META_FILE)
+            if (run_dir / name).exists()
+        ]
+        if clobbered:
+            raise RunDirError(
+                f"{run_dir} holds {', '.join(clobbered)} but no run ({CONFIG}): training there "
+                "would replace them; choose a new --out, or move them away"
+            )
     if resume:
         _check_resumable(run_dir)
     return started
+
+
+def _check_same_ids(run_dir: Path, data: PreparedData) -> None:
+    """Refuse to resume on data whose ids differ from the run's id map: its weights belong to
+    the items and users it was started with (the file changed, or its preprocessing)."""
+    started_with = IdMap.load(run_dir / ID_MAP)
+    if data.id_map.items != started_with.items or data.id_map.users != started_with.users:
+        raise RunDirError(
+            f"--resume: the data no longer matches {run_dir / ID_MAP} (the file or its "
+            "preprocessing changed since the run started); resume with the data it was started "
+            "on, or start a new --out"
+        )
 
 
 def _train_experiment(
@@ -362,12 +390,15 @@ def _train_experiment(
     config = _absolute_data_path(config)
     check_train_config(config)  # before the data is read or downloaded
     data = group.local_main_first(lambda: prepare(config.data, data_dir))
+    check_has_validation_users(data)  # before the model is built (semantic IDs: fitted)
     check_protocol_fits(config.eval, data.num_items)  # validation uses it: before epoch 1
     seed_everything(config.train.seed)
     model, semantic_ids = model_for_data(config, data, data_dir, run_dir, started, group)
     resolved = _resolved(config, model, data)
     if started:
         _check_resume(run_dir, config, resolved)
+        if (run_dir / ID_MAP).exists():  # else a stub: id_map.json is written below
+            _check_same_ids(run_dir, data)
     if config.train.init_from is not None and not (resume and (run_dir / STATE).exists()):
         warm_start(model, config.train.init_from, data)  # a resumed run has its own weights
     trainer = Trainer(model, data, config, run_dir, on_epoch_end, group)
