@@ -117,6 +117,18 @@ BACKBONES: dict[BackboneName, Backbone] = {
 }
 
 
+# The fields only stage 2 (the reasoner and its training) reads.
+STAGE_2_FIELDS = (
+    "stage2_backbone_dropout",
+    "inner_steps",
+    "steps_per_round",
+    "rounds",
+    "gate",
+    "reasoner_recency",
+    "supervision_updates",
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RecRecConfig(ModelConfig):
     name: ClassVar[str] = "recrec"
@@ -138,12 +150,7 @@ class RecRecConfig(ModelConfig):
         "compressor_dropout",
         "stage2_backbone_dropout",
         "idr_weight",
-        "inner_steps",
-        "steps_per_round",
-        "rounds",
-        "gate",
-        "reasoner_recency",
-        "supervision_updates",
+        *STAGE_2_FIELDS,
     )
     backbone: BackboneName = "sasrec"
     hidden_size: int = 64  # d of the backbone, the interests and the reasoner
@@ -204,18 +211,7 @@ class RecRecConfig(ModelConfig):
                 "sees its own target, so it needs model.train_positions: last or prefixes"
             )
         if self.stage == 1:
-            self.warn_unread(
-                (
-                    "inner_steps",
-                    "steps_per_round",
-                    "rounds",
-                    "gate",
-                    "reasoner_recency",
-                    "supervision_updates",
-                    "stage2_backbone_dropout",
-                ),
-                "in stage 1, which has no reasoner",
-            )
+            self.warn_unread(STAGE_2_FIELDS, "in stage 1, which has no reasoner")
         self.backbone_config()  # the backbone's own validation, now rather than at build
 
     @property
