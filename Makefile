@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
-# The shared data folder of this workspace, when present, is the default data directory.
-DATA_DIR ?= $(if $(SEQREC_DATA_DIR),$(SEQREC_DATA_DIR),$(wildcard ../shared/data))
+# The shared data folder of this workspace, when present, is the default data directory;
+# seqrec itself then looks in $SEQREC_DATA_DIR and the cache.
+DATA_DIR ?= $(wildcard ../shared/data)
 DATA_FLAG := $(if $(DATA_DIR),--data-dir $(DATA_DIR),)
 
 .PHONY: demo test lint venv clean

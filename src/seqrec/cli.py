@@ -972,16 +972,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         how = "terminated" if isinstance(err, _Terminated) else "interrupted"
         resume = "; a training run resumes with --resume" if _has_checkpoint(args) else ""
-        print(f"{how}{resume}", file=sys.stderr)
+        _say(f"{how}{resume}")
         return EXIT_TERMINATED if isinstance(err, _Terminated) else EXIT_INTERRUPTED
     except Exception as err:  # the last line of defence: one line, not a traceback wall
         if os.environ.get("SEQREC_DEBUG"):
             raise
-        print(
-            f"error: unexpected {type(err).__name__}: {err} (SEQREC_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
+        (first, *_) = str(err).strip().splitlines() or [""]
+        if launched_world_size() > 1:  # most likely another process stopped: gloo, NCCL
+            resume = "; a training run resumes with --resume" if _has_checkpoint(args) else ""
+            _say(f"error: {type(err).__name__}: {first} (did another process stop?){resume}")
+            return 1
+        _say(
+            f"error: unexpected {type(err).__name__}: {first} (SEQREC_DEBUG=1 shows the traceback)"
         )
         return 1
+
+
+def _say(line: str) -> None:
+    """One line on stderr, in one write (under torchrun the processes share the terminal:
+    two-part writes ran together), naming the process unless it is the only one or rank 0."""
+    rank = launched_rank()
+    sys.stderr.write(f"[rank {rank}] {line}\n" if rank > 0 else f"{line}\n")
+    sys.stderr.flush()
 
 
 def _has_checkpoint(args: argparse.Namespace) -> bool:
@@ -1059,7 +1071,7 @@ def _sigterm_interrupts(active: bool) -> Iterator[None]:
 def _report(err: Exception) -> int:
     if os.environ.get("SEQREC_DEBUG"):
         raise err
-    print(f"error: {_error_text(err)}", file=sys.stderr)
+    _say(f"error: {_error_text(err)}")
     return EXIT_BAD_INPUT
 
 

@@ -98,6 +98,15 @@ def test_missing_dataset_says_which_file_goes_where(tmp_path: Path) -> None:
         assert expected in message
 
 
+def test_a_data_dir_that_is_missing_or_the_dataset_folder_itself_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=rf"searched {tmp_path / 'nope' / 'lastfm'} \(.* does not "):
+        locate_dataset("lastfm", tmp_path / "nope", cache_dir=tmp_path / "cache")
+    put(tmp_path / "data", "lastfm", "LastFM.txt")
+    folder = tmp_path / "data" / "lastfm"
+    with pytest.raises(DataError, match=rf"pass its parent, --data-dir {tmp_path / 'data'};"):
+        locate_dataset("lastfm", folder, cache_dir=tmp_path / "cache")
+
+
 def test_download_false_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SEQREC_OFFLINE")
     with pytest.raises(DataError, match=r"downloading was turned off \(download=False\)"):
@@ -142,3 +151,21 @@ def test_registry_checksums_match_the_shared_files(shared_data: Path) -> None:
                 assert hashlib.sha256(data).hexdigest() == spec.download.sha256, spec.name
                 checked += 1
     assert checked == 7  # all but ml-1m (zip not shared) and steam (no checksum)
+
+
+def test_a_registry_file_without_the_published_counts_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy cut short was prepared and reported under the dataset's name without a word."""
+    from seqrec.config import DataConfig
+    from seqrec.data.prepare import prepare
+
+    put(tmp_path, "lastfm", "LastFM.txt", "1 2 3 4\n2 3 4 5\n")
+    config = DataConfig(dataset="lastfm", min_user_interactions=1, min_item_interactions=1)
+    with caplog.at_level("WARNING", logger="seqrec.data.prepare"):
+        prepare(config, tmp_path, use_cache=False)
+    assert "lastfm in " in caplog.text
+    assert (
+        "holds 2 users / 4 items / 6 interactions, not the published 1,090 / 3,646 / 52,551"
+        in caplog.text
+    )

@@ -199,6 +199,15 @@ def test_http_error_is_a_data_error(server: Server, tmp_path: Path) -> None:
     assert listing(tmp_path) == []
 
 
+def test_a_failed_download_removes_the_folders_it_created(server: Server, tmp_path: Path) -> None:
+    """It left an empty downloads/<dataset>/ folder behind."""
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DataError, match=r"HTTP 404"):
+        download_file(f"{server.url}/nothing", tmp_path / "kept" / "a" / "b" / "x", sha256=None)
+    assert listing(tmp_path) == ["kept"]
+    assert listing(tmp_path / "kept") == []
+
+
 def test_unreachable_server_is_a_data_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"download of http://127.0.0.1:9/x failed"):
         download_file("http://127.0.0.1:9/x", tmp_path / "x", sha256=None, timeout=2)

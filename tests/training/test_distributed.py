@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from seqrec.analysis.depth import depth_curve
+from seqrec.cli import main
 from seqrec.config import ConfigError, EvalConfig, experiment_from_raw
 from seqrec.data.batches import TrainBatches
 from seqrec.data.prepare import prepare
@@ -35,7 +36,12 @@ from seqrec.tokenizers import SemanticIds
 from seqrec.training.checkpoint import load_run
 from seqrec.training.distributed import SINGLE_PROCESS, DataParallel, data_parallel
 from seqrec.training.launch import launched_rank
-from seqrec.training.loop import check_data_parallel, check_trainer_config, epoch_randomness
+from seqrec.training.loop import (
+    check_data_parallel,
+    check_train_config,
+    check_trainer_config,
+    epoch_randomness,
+)
 from seqrec.training.run import data_for_run
 from seqrec.training.semantic_ids import SEMANTIC_IDS
 from tests.cli.helpers import (
@@ -559,8 +565,11 @@ def test_models_that_cannot_split_a_batch_between_ranks_are_refused() -> None:
     config = experiment_from_raw(raw)
     built = build_model(build_model_config(config.model, num_items=50, num_users=10))
     check_trainer_config(built, config, world_size=1)
-    with pytest.raises(ConfigError, match="nothing to optimise"):
+    counting = "pop learns by counting in one pass over the data, with nothing to split"
+    with pytest.raises(ConfigError, match=counting):
         check_trainer_config(built, config, world_size=2)
+    with pytest.raises(ConfigError, match=counting):  # from the config alone: before the data
+        check_train_config(config, world_size=2)
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class CoupledRows(SASRecConfig):  # a loss that couples rows without gathering them
@@ -592,6 +601,12 @@ def test_models_that_gather_rows_share_a_batch_between_ranks_but_not_between_par
     raw["train"] = {**raw.get("train", {}), "batch_parts": 2}
     with pytest.raises(ConfigError, match="train.batch_parts needs a loss that splits by rows"):
         check_trainer_config(built, experiment_from_raw(raw), world_size=1)
+    # a batch of one row has no row for the second process: every step was skipped, silently
+    raw["train"] = {"batch_size": 1}
+    one_row = experiment_from_raw(raw)
+    check_train_config(one_row, world_size=1)
+    with pytest.raises(ConfigError, match=r"train.batch_size 1 is below the 2 processes: .* every"):
+        check_train_config(one_row, world_size=2)
 
 
 def test_a_rank_without_a_world_size_is_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -602,6 +617,23 @@ def test_a_rank_without_a_world_size_is_one_process(monkeypatch: pytest.MonkeyPa
     assert launched_rank() == 0
     with data_parallel("cpu") as group:
         assert group == SINGLE_PROCESS
+
+
+@pytest.mark.parametrize(("rank", "prefix"), [("0", ""), ("1", "[rank 1] ")])
+def test_an_error_under_torchrun_is_one_line_naming_a_rank_other_than_0(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    rank: str,
+    prefix: str,
+) -> None:
+    """Every process prints its error; the lines of two ranks once ran together."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    assert main(["evaluate", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == (
+        f"{prefix}error: run directory {tmp_path / 'nope'} does not exist\n"
+    )
 
 
 class SummingExchange:

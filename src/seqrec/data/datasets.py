@@ -341,11 +341,18 @@ def _try_download(spec: DatasetSpec, root: Path, allowed: bool, timeout: float) 
 
 def _missing_message(spec: DatasetSpec, searched: list[Path], cache: Path, problem: str) -> str:
     names = " or ".join(name for file in spec.files for name in file.candidates())
-    where = ", ".join(str(root / spec.name) for root in searched)
+    where = ", ".join(
+        f"{root / spec.name}{'' if root.is_dir() else f' ({root} does not exist)'}"
+        for root in searched
+    )
+    hint = ""
+    for root in searched:  # the dataset's own folder given for <DIR>
+        if root.name == spec.name and find_in(spec, root.parent) is not None:
+            hint = f"; {root} is the dataset's folder: pass its parent, --data-dir {root.parent}"
     return (
         f"dataset {spec.name!r} not found: put {names} into <DIR>/{spec.name}/ and pass "
         f"--data-dir <DIR> (or set {DATA_DIR_ENV}=<DIR>), or into "
-        f"{cache / 'downloads' / spec.name}/; searched {where}; not downloaded: {problem}"
+        f"{cache / 'downloads' / spec.name}/; searched {where}{hint}; not downloaded: {problem}"
     )
 
 

@@ -63,7 +63,22 @@ def download_file(
     archive; in every such case nothing is left at ``dest`` or beside it.
     """
     dest = Path(dest)
+    created = [d for d in (dest.parent, *dest.parent.parents) if not d.exists()]  # deepest first
     dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _download(url, dest, sha256, extract, member, timeout)
+    except BaseException:
+        for folder in created:  # a failed download leaves no empty folder behind either
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _download(
+    url: str, dest: Path, sha256: str | None, extract: Extract, member: str | None, timeout: float
+) -> Path:
     logger.info("downloading %s -> %s", url, dest)
     if extract == "none":
         with atomic_path(dest) as tmp:

@@ -25,7 +25,7 @@ import polars as pl
 
 from seqrec.config import SYNTHETIC_FIELDS, DataConfig, FileFormat
 from seqrec.data import preprocess
-from seqrec.data.datasets import locate_dataset, user_cache_dir
+from seqrec.data.datasets import DATASETS, locate_dataset, user_cache_dir
 from seqrec.data.digests import content_sha256
 from seqrec.data.download import sha256_file
 from seqrec.data.idmap import IdMap
@@ -81,6 +81,7 @@ def prepare(
 
     df = read_source(source, config)
     preprocess.log_counts("read", df)
+    _check_published_counts(config.dataset, source, df)
     df = preprocess.implicit(df, config.min_rating)
     df = preprocess.sort_by_time(df)
     df = preprocess.k_core(df, config.min_user_interactions, config.min_item_interactions)
@@ -97,6 +98,29 @@ def prepare(
         save_prepared(prepared, entry)
         logger.info("cached prepared %s in %s", source.name, entry)
     return prepared
+
+
+def _check_published_counts(dataset: str, source: Source, df: pl.DataFrame) -> None:
+    """Warn when a registry dataset's file does not hold the published counts: a copy cut
+    short, or another version, would otherwise give numbers under the dataset's name that
+    do not compare with anyone's."""
+    spec = DATASETS.get(dataset)
+    if spec is None or spec.stats is None or source.path is None:
+        return
+    found = (df[USER_ID].n_unique(), df[ITEM_ID].n_unique(), df.height)
+    if found != spec.stats:
+        users, items, interactions = spec.stats
+        logger.warning(
+            "%s in %s holds %s users / %s items / %s interactions, not the published %s / %s / "
+            "%s: it is cut short or another version, and results on it do not compare with "
+            "published ones (read it with data.dataset: file to name it yours)",
+            dataset,
+            source.location,
+            *(f"{count:,}" for count in found),
+            f"{users:,}",
+            f"{items:,}",
+            f"{interactions:,}",
+        )
 
 
 def resolve_source(

@@ -34,6 +34,9 @@ class ModelConfig:
     # the server answers one model call at a time, so an unbounded depth or beam would stall
     # every other request (evaluate and recommend, run by their user, are not limited).
     served_limits: ClassVar[Mapping[str, int]] = {}
+    # A model fitted by counting in one pass over the data, not by gradient steps (PopRec):
+    # nothing to split between data-parallel processes.
+    learns_by_counting: ClassVar[bool] = False
     # Fields that may differ from the config of the run a model is warm-started from
     # (``train.init_from``); every other field must be equal (``warm_start_conflicts``).
     warm_start_free: ClassVar[tuple[str, ...]] = ()

@@ -1,7 +1,9 @@
 """PopRec: recommend the items most often interacted with in training (sanity baseline).
 
 Popularity is the number of times an item is a training target (every training item except
-the first of each user's sequence); the model learns it by counting during ``forward``.
+the first of each user's sequence); the model learns it by counting during ``forward``, over
+training batches that hold every target once whatever ``max_seq_len`` and ``train.windows``
+are (``ModelConfig.learns_by_counting``: the trainer cuts every sequence into windows).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from seqrec.models.base import ModelConfig, ScoringRecommender, register_model
 @dataclass(frozen=True, kw_only=True)
 class PopConfig(ModelConfig):
     name: ClassVar[str] = "pop"
+    learns_by_counting: ClassVar[bool] = True
 
 
 @register_model

@@ -82,8 +82,9 @@ def epoch_randomness(
     return order_rng, sample_rng, torch_seed
 
 
-def check_train_config(config: ExperimentConfig) -> None:
-    """Settings that can only be checked against each other or the machine."""
+def check_train_config(config: ExperimentConfig, world_size: int = 1) -> None:
+    """Settings that can only be checked against each other, the machine or the number of
+    data-parallel processes."""
     names = [f"{m}@{k}" for k in config.eval.ks for m in METRICS]
     if config.train.monitor not in names:
         raise ConfigError(
@@ -96,6 +97,14 @@ def check_train_config(config: ExperimentConfig) -> None:
     # here; no model's config check depends on them.
     model_config = build_model_config(config.model, num_items=1, num_users=1)
     model_config.check_runnable()
+    check_data_parallel(model_config, world_size)
+    if world_size > config.train.batch_size and model_config.loss_gathers_rows:
+        # a step every rank cannot join is skipped by all of them: no step would train
+        raise ConfigError(
+            f"train.batch_size {config.train.batch_size} is below the {world_size} processes: "
+            f"{model_config.name}'s loss needs rows on every process in every step, so every "
+            f"batch would be skipped; use train.batch_size >= {world_size}"
+        )
     _check_window_stride(config, model_config)
     _check_validation_protocol(config, model_config)
     if not model_config.uses_semantic_ids and config.tokenizer != TokenizerConfig():
@@ -138,7 +147,7 @@ def check_trainer_config(
     """Settings that can only be checked against the built model (and the number of
     data-parallel ranks); ``Trainer`` runs this before it changes anything (threads, device,
     optimizer)."""
-    check_train_config(config)
+    check_train_config(config, world_size)
     if config.train.windows != "last" and model.batch_needs.prefix_examples:
         raise ConfigError(
             f"train.windows: {config.train.windows} cuts users' sequences into windows; "
@@ -172,8 +181,13 @@ def _nothing_to_train_on(config: ExperimentConfig) -> str:
 
 
 def check_data_parallel(model: ModelConfig, world_size: int) -> None:
-    """Several data-parallel ranks split every batch, which needs a loss that splits by rows
-    or gathers the rows it couples over the ranks."""
+    """Several data-parallel ranks split every batch, which needs a model trained by gradient
+    steps, and a loss that splits by rows or gathers the rows it couples over the ranks."""
+    if world_size > 1 and model.learns_by_counting:
+        raise ConfigError(
+            f"{model.name} learns by counting in one pass over the data, with nothing to split "
+            "between processes: train it in one process (without torchrun)"
+        )
     if world_size > 1 and not (model.loss_splits_by_rows or model.loss_gathers_rows):
         raise ConfigError(
             f"data-parallel training splits every batch between the ranks, which needs a loss "
@@ -453,8 +467,10 @@ class Trainer:
             needs=model.batch_needs,
             batching=config.train.batching,
             parts=config.train.batch_parts,
-            windows=config.train.windows,
-            window_stride=config.train.window_stride,
+            # A model fitted by counting counts every training target once, not only those
+            # of each user's newest max_seq_len items (PopRec counted 27% of ML-1M's).
+            windows="all" if model.config.learns_by_counting else config.train.windows,
+            window_stride=None if model.config.learns_by_counting else config.train.window_stride,
             rank=group.rank,
             world_size=group.world_size,
             rows_on_every_rank=model.config.loss_gathers_rows,

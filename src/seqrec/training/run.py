@@ -388,7 +388,7 @@ def _train_experiment(
     # preparation), and rank 0 writes to it only after that.
     started = _holds_a_run(run_dir, resume)
     config = _absolute_data_path(config)
-    check_train_config(config)  # before the data is read or downloaded
+    check_train_config(config, group.world_size)  # before the data is read or downloaded
     data = group.local_main_first(lambda: prepare(config.data, data_dir))
     check_has_validation_users(data)  # before the model is built (semantic IDs: fitted)
     check_protocol_fits(config.eval, data.num_items)  # validation uses it: before epoch 1
