@@ -94,17 +94,25 @@ def _check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:
         raise ConfigError(f"{flag} {path}: {place} is not writable")
 
 
-def _check_not_a_run(flag: str, path: str | Path, writes: str) -> None:
-    """Refuse to write ``writes`` straight into a run directory: a tokenizer's
-    semantic_ids.json there would replace the one a generative run was trained on, and an
-    analysis's files would mix with the run's own. A folder inside the run is fine."""
+def _check_not_a_run(flag: str, path: str | Path, writes: str, *, inside: bool = False) -> None:
+    """Refuse to write ``writes`` straight into a run directory (with ``inside``, into a
+    folder of one too): semantic IDs there would replace those a generative run was trained
+    on (its semantic_ids/), and an analysis's files would mix with the run's own."""
     from seqrec.training.checkpoint import CONFIG, STATE
 
+    def is_run(folder: Path) -> bool:
+        return (folder / CONFIG).is_file() or (folder / STATE).exists()
+
     path = Path(path)
-    if (path / CONFIG).is_file() or (path / STATE).exists():
+    if is_run(path):
         raise ConfigError(
             f"{flag} {path} is a run directory; write {writes} to a folder of its own, "
             f"e.g. {path / flag.lstrip('-')}"
+        )
+    if inside and is_run(path.absolute().parent):
+        raise ConfigError(
+            f"{flag} {path} is inside the run directory {path.parent}, whose semantic IDs it "
+            f"could replace; write {writes} to a folder outside any run"
         )
 
 
@@ -285,8 +293,15 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from seqrec.training.semantic_ids import fit_semantic_ids
 
     _check_output("--out", args.out, folder=True)
-    _check_not_a_run("--out", args.out, "the semantic IDs")
-    config = experiment_from_raw(load_raw(args.config, args.set or []))
+    _check_not_a_run("--out", args.out, "the semantic IDs", inside=True)
+    raw = load_raw(args.config, args.set or [])
+    tokenizer = raw.get("tokenizer")
+    if isinstance(tokenizer, dict) and tokenizer.get("from_run") is not None:
+        raise ConfigError(
+            "tokenizer.from_run reuses semantic IDs fitted before, which is what train does "
+            "with it; seqrec tokenize fits new ones: drop tokenizer.from_run"
+        )
+    config = experiment_from_raw(raw)
     data = prepare(config.data, args.data_dir)
     ids, tokenizer = fit_semantic_ids(config.tokenizer, data, args.data_dir)
     out = Path(args.out)
@@ -564,6 +579,8 @@ def _seeds(flag: str, text: str) -> tuple[int, ...]:
         ) from None
     if not seeds or min(seeds) < 0:
         raise ConfigError(f"{flag}: expected one or more seeds >= 0, got {text!r}")
+    if len(set(seeds)) < len(seeds):
+        raise ConfigError(f"{flag}: each seed once, got {text!r}")
     return seeds
 
 
@@ -585,8 +602,14 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
     shuffle_seeds = _seeds("--shuffle-seeds", args.shuffle_seeds)
     alphas = check_alphas(_floats("--alphas", args.alphas), "--alphas")
     epsilons = check_epsilons(_floats("--epsilons", args.epsilons), "--epsilons")
+    _at_least_one(k=args.k, batch_size=args.batch_size)
     run = load_run(args.run_dir)
     analyzable(run.model)  # refuse a model the diagnostics cannot run on, before any work
+    if args.k >= run.model.config.num_items:  # every target a hit: q and the sweep say nothing
+        raise ConfigError(
+            f"--k {args.k} is not below the catalogue of {run.model.config.num_items} items: "
+            f"every target would be a hit at {args.k}"
+        )
     options = ResidualOptions(
         alphas=alphas,
         epsilons=epsilons,
@@ -594,7 +617,7 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
         k=args.k,
         filter_seen=args.filter_seen,
         batch_size=args.batch_size,
-        device=str(resolve_device(args.device)),
+        device=str(resolve_device(args.device, "--device")),
     )
     data = data_for_run(run, args.data_dir)
     run.model.to(options.device)
@@ -626,7 +649,7 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
     _at_least_one(recent=args.recent, per_genre=args.per_genre)
     if args.movies is not None:
         check_movies_file(args.movies)  # a bad --movies fails before any run loads
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device")
     runs = []
     for run_dir, label in zip(args.run_dirs, run_labels(args.run_dirs), strict=True):
         run = load_run(run_dir)

@@ -352,7 +352,8 @@ def evaluate_variants(
             variant_ranks[chunk] = chunk_rank.numpy()
     if share is not None:
         ranks, short_users = _added_up(ranks, short_users, share, len(eval_set))
-    ranked_within = max(config.ks) if variants is None else None
+    # a top-K list holds at most the catalogue
+    ranked_within = min(max(config.ks), num_items) if variants is None else None
     return [
         _result(variant_ranks, eval_set, config, num_items, split, short_users, ranked_within)
         for variant_ranks in ranks or [np.zeros(0, dtype=np.int64)]

@@ -294,3 +294,47 @@ def test_an_analysis_is_not_written_into_a_run_directory(
         f"own, e.g. {pop_run / 'out'}"
     )
     assert sorted(path.name for path in pop_run.iterdir()) == before
+
+
+def test_alphas_are_reported_as_given(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.25 and 0.75 were printed as 0.2 and 0.8, and "alpha 1 -> 0" named an end not swept."""
+    out = tmp_path / "out"
+    argv = ["--alphas", "0.25,0.75,1", "--epsilons", "0", "--shuffle-seeds", "0"]
+    assert main(["-q", "analyze", "residual", str(trained_run), "--out", str(out), *argv]) == 0
+    printed = capsys.readouterr().out
+    assert "alpha sweep: 0.25: HR@10 " in printed
+    assert "0.75: HR@10 " in printed
+    report = (out / "report.md").read_text()
+    assert "- alpha 1 -> 0.25: +LN mixing" in report
+    peak = report.split("peaks at alpha = ")[1].split(" ")[0]
+    assert peak in ("0.25", "0.75", "1")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--shuffle-seeds", "0,0", "--shuffle-seeds: each seed once, got '0,0'"),
+        (
+            "--epsilons",
+            "0.1,0.1",
+            "--epsilons: each relative HR tolerance once, got 0.1 more than once",
+        ),
+        ("--k", "0", "--k must be >= 1, got 0"),
+        ("--batch-size", "0", "--batch-size must be >= 1, got 0"),
+        ("--k", "100000", "--k 100000 is not below the catalogue of"),
+    ],
+)
+def test_repeats_and_bad_counts_are_refused_naming_the_flag(
+    trained_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    value: str,
+    message: str,
+) -> None:
+    out = tmp_path / "out"
+    assert main(["analyze", "residual", str(trained_run), "--out", str(out), flag, value]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(f"error: {message}")
+    assert not out.exists()

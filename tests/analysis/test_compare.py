@@ -132,3 +132,12 @@ def test_a_generative_list_counts_unlisted_targets_as_misses_up_to_its_length(
     assert hr.mean_b == pytest.approx(3 / 4)
     with pytest.raises(ValueError, match=r"rank file A ranks the targets only within .* k <= 10"):
         paired_differences(tiger, ranking, (10, 20))
+
+
+def test_a_cut_off_given_twice_or_a_negative_seed_is_refused(tmp_path: Path) -> None:
+    """compare printed every metric twice; numpy said "expected non-negative integer"."""
+    ranks = read_ranks(write(tmp_path / "a.csv", ["u1", "u2"], ["i1", "i2"], [1, 3]))
+    with pytest.raises(ValueError, match=r"each cut-off k once, got \[10, 10\]"):
+        paired_differences(ranks, ranks, (10, 10))
+    with pytest.raises(ValueError, match="the bootstrap seed must be >= 0, got -1"):
+        paired_differences(ranks, ranks, (10,), seed=-1)

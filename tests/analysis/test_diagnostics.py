@@ -210,7 +210,7 @@ def test_select_alpha_needs_the_reference_and_a_relative_tolerance() -> None:
         ((float("nan"), 1.0), "alphas: residual scales must be numbers in [0, 1], got nan"),
         ((float("-inf"), 1.0), "alphas: residual scales must be numbers in [0, 1], got -inf"),
         ((), "alphas must include 1.0"),
-        ((0.0, -0.0, 1.0), "alphas: each residual scale once, got 0.0 more than once"),
+        ((0.0, -0.0, 1.0), "alphas: each residual scale once, got 0 more than once"),
     ],
 )
 def test_residual_options_refuse_alphas_outside_the_sweep(

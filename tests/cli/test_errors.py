@@ -677,6 +677,27 @@ def test_semantic_ids_are_not_written_into_a_run_directory(
     assert after == before
 
 
+def test_semantic_ids_are_not_written_into_a_folder_of_a_run(
+    file_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its semantic_ids/ was replaced by codes the trained model never saw."""
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw())
+    inside = file_run / "semantic_ids"
+    line = error_of(capsys, "tokenize", "--config", config, "--out", inside)
+    assert line.startswith(f"error: --out {inside} is inside the run directory {file_run}")
+    assert not inside.exists()
+
+
+def test_tokenize_refuses_from_run_which_it_would_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It fitted anew with the other settings while a warning said they changed nothing."""
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw(tokenizer={"from_run": str(tmp_path)}))
+    line = error_of(capsys, "tokenize", "--config", config, "--out", tmp_path / "ids")
+    assert line.startswith("error: tokenizer.from_run reuses semantic IDs fitted before")
+    assert not (tmp_path / "ids").exists()
+
+
 @pytest.mark.parametrize("epochs", ["-1", "0"])
 def test_demo_epochs_below_one_names_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, epochs: str

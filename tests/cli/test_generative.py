@@ -70,6 +70,16 @@ def test_evaluate_and_recommend_a_generative_run(
         assert main(["evaluate", str(tiger_run), "--json", "--set", "model.beam_size=20"]) == 0
         wider = json.loads(capsys.readouterr().out)
         assert wider["HR@10"] >= 0.0
+        catalogue = len(load_run(tiger_run).id_map.items)
+        past = [
+            "--set",
+            f"eval.ks=[{catalogue + 50}]",
+            "--set",
+            f"model.beam_size={catalogue + 50}",
+        ]
+        assert main(["evaluate", str(tiger_run), "--json", *past]) == 0
+        # a list holds at most the catalogue: it said "ranked within" the k asked for
+        assert json.loads(capsys.readouterr().out)["ranked_within"] == catalogue
         run = load_run(tiger_run)
         history = list(run.id_map.items[:25])  # longer than max_seq_len
         assert main(["recommend", str(tiger_run), "--history", *history, "-k", "7", "--json"]) == 0

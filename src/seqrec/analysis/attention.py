@@ -414,7 +414,8 @@ def _attention_markdown(
         "",
         "Mean attention weight from a query movie of the row's genre to an earlier movie (key, "
         "j < i) of the column's genre in the test histories; movies carrying exactly one of the "
-        f"four genres, {per_genre} per genre drawn with seed {seed}. Table: `genre_attention.csv`.",
+        f"four genres, {per_genre} per genre drawn with seed {seed}."
+        + (" Table: `genre_attention.csv`." if genre_section else ""),
         "",
         *(genre_section or ["_no run with genres (see the notes above)_", ""]),
         f"![genre attention]({figs['genre']})" if "genre" in figs else "",

@@ -151,6 +151,10 @@ def paired_differences(
         raise ValueError(f"bootstrap must be >= 1, got {bootstrap}")
     if not ks or min(ks) < 1:
         raise ValueError(f"the cut-offs k must be >= 1, got {list(ks)}")
+    if len(set(ks)) < len(ks):
+        raise ValueError(f"each cut-off k once, got {list(ks)}")
+    if seed < 0:
+        raise ValueError(f"the bootstrap seed must be >= 0, got {seed}")
     check_cut_offs(a, ks, "A")
     check_cut_offs(b, ks, "B")
     ranks_a, ranks_b = aligned_ranks(a, b)

@@ -156,9 +156,13 @@ def depth_summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         drop = (ndcg[best] - ndcg[-1]) / ndcg[best] if ndcg[best] > 0 else 0.0
         lines.append(f"N = {rows[-1]['depth']}: {100 * drop:.1f}% below the best N")
     if "interest_cosine" in rows[0]:
+        at_last = (
+            f", {rows[-1]['interest_cosine']:.3f} at N = {rows[-1]['depth']}"
+            if len(rows) > 1
+            else ""
+        )
         lines.append(
-            f"mean pairwise interest cosine: {rows[0]['interest_cosine']:.3f} at N = 0, "
-            f"{rows[-1]['interest_cosine']:.3f} at N = {rows[-1]['depth']}"
+            f"mean pairwise interest cosine: {rows[0]['interest_cosine']:.3f} at N = 0{at_last}"
         )
     return lines
 
@@ -216,7 +220,7 @@ def analyze_depth(
     check_depth_model(run.model, max_depth)
     with data_parallel(device) as group:
         data = group.local_main_first(lambda: data_for_run(run, data_dir))
-        target = str(group.device(resolve_device(device)))
+        target = str(group.device(resolve_device(device, "device")))
         run.model.to(target)
         rows = depth_curve(
             run.model,
@@ -242,6 +246,7 @@ def write_depth_report(
     files = write_table(rows, out / "depth")
     png = plot_depth_curve(rows, out / "depth.png", title)
     columns = ["depth", *METRICS] + (["interest_cosine"] if "interest_cosine" in rows[0] else [])
+    written = [*files, *([png] if png else [])]
     report = out / "depth.md"
     atomic_write_text(
         report,
@@ -251,7 +256,8 @@ def write_depth_report(
                 provenance,
                 markdown_table(rows, columns),
                 "\n".join(f"- {line}" for line in depth_summary_lines(rows)),
-                "files: " + ", ".join(p.name for p in [*files, *([png] if png else [])]),
+                f"![depth curve]({png.name})" if png else "_figure not drawn (no matplotlib)_",
+                "files: " + ", ".join(f"[{p.name}]({p.name})" for p in written),
             ]
         )
         + "\n",

@@ -121,7 +121,7 @@ PAPER_TABLE4: dict[str, tuple[float, float, float, float]] = {
 def check_alphas(alphas: Sequence[float], name: str = "alphas") -> tuple[float, ...]:
     """The residual scales of a sweep, or a ValueError naming ``name`` and the bad values.
 
-    The spec sweeps alpha over [0, 1]; the report's "alpha 1 -> 0" lines, q(alpha) and the
+    The spec sweeps alpha over [0, 1]; the report's "alpha 1 -> smallest" lines, q(alpha) and the
     validation-selected alpha assume it. 1.0, the trained model, is the reference. A repeat
     would be evaluated twice and reported once.
     """
@@ -131,10 +131,7 @@ def check_alphas(alphas: Sequence[float], name: str = "alphas") -> tuple[float, 
         raise ValueError(f"{name}: residual scales must be numbers in [0, 1], got {shown}")
     if 1.0 not in alphas:
         raise ValueError(f"{name} must include 1.0 (the trained model), got {tuple(alphas)}")
-    repeated = sorted({a for a in alphas if list(alphas).count(a) > 1})
-    if repeated:
-        shown = ", ".join(str(a) for a in repeated)
-        raise ValueError(f"{name}: each residual scale once, got {shown} more than once")
+    check_once_each(alphas, name, "residual scale")
     return tuple(alphas)
 
 
@@ -146,7 +143,17 @@ def check_epsilons(epsilons: Sequence[float], name: str = "epsilons") -> tuple[f
     if bad:
         shown = ", ".join(str(e) for e in bad)
         raise ValueError(f"{name}: relative HR tolerances must be finite numbers >= 0, got {shown}")
+    check_once_each(epsilons, name, "relative HR tolerance")
     return tuple(epsilons)
+
+
+def check_once_each(values: Sequence[float], name: str, what: str) -> None:
+    """A ValueError naming ``name`` for a value given more than once: it would be evaluated,
+    and reported, twice."""
+    repeated = sorted({v for v in values if list(values).count(v) > 1})
+    if repeated:
+        shown = ", ".join(f"{v:g}" for v in repeated)
+        raise ValueError(f"{name}: each {what} once, got {shown} more than once")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -565,12 +572,12 @@ def _residual_markdown(
             if len(paper["table2"]) > 2
             else ""
         ),
-        f"- alpha 1 -> 0: +LN mixing (r_agg) {last['mixing_ln_agg']:.3f} -> "
+        f"- alpha 1 -> {first['alpha']:g}: +LN mixing (r_agg) {last['mixing_ln_agg']:.3f} -> "
         f"{first['mixing_ln_agg']:.3f}, "
         f"HRLI@1 {last['HRLI@1']:.4f} -> {first['HRLI@1']:.4f}, HR@{k} {last[f'HR@{k}']:.4f} -> "
         f"{first[f'HR@{k}']:.4f}, NDCG@{k} {last[f'NDCG@{k}']:.4f} -> {first[f'NDCG@{k}']:.4f}",
         f"- q(alpha) on S ({t['positions'][0]['S size']:,} test sequences) peaks at alpha = "
-        f"{sweep[q_best]['alpha']:.1f} (q = {q[q_best]:.4f}); q(1) = {last['q_test']:.4f}",
+        f"{sweep[q_best]['alpha']:g} (q = {q[q_best]:.4f}); q(1) = {last['q_test']:.4f}",
         "",
         "## 1. Last-item hits (HRLI@K, HRL2I@K; no filter-seen)",
         "",
@@ -687,6 +694,6 @@ def residual_summary_lines(results: ResidualResults) -> list[str]:
         + " / ".join(f"{mix[(st, 'sum')]:.3f}" for st in STAGES),
         "alpha sweep: "
         + ", ".join(
-            f"{r['alpha']:.1f}: HR@{k} {r[f'HR@{k}']:.4f}" for r in rows[:: max(1, len(rows) // 5)]
+            f"{r['alpha']:g}: HR@{k} {r[f'HR@{k}']:.4f}" for r in rows[:: max(1, len(rows) // 5)]
         ),
     ]

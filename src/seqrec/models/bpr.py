@@ -10,7 +10,8 @@ score(j | u) = <U_u, V_j> + b_j: the history is ignored; only the user matters.
 Differences from the reference implementation, all deliberate:
 - Adam on mini-batches of users instead of SGD on bootstrap-sampled (u, i, j) triples; one
   epoch visits every training interaction of the window once, each with its own sampled
-  negative(s), as in the SASRec paper's Adam-trained baselines.
+  negative(s) (but the window's last two positives, its last input item and its last label,
+  which share one draw), as in the SASRec paper's Adam-trained baselines.
 - Every training item in the window is a positive: the input items plus the last label, so a
   user's first item counts too (the next-item labels alone would skip it). Negatives are
   items the user never interacted with (the library's sampler), not merely "not i".

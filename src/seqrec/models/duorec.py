@@ -41,6 +41,9 @@ Differences from the reference code, all deliberate:
   ``benchmarks/duorec_views.py``).
 - A row whose target occurs nowhere else in the training data is its own supervised
   positive (its own history, dropped out differently), as in the reference.
+- ``contrast: us`` (an ablation) weighs its two terms with one ``contrastive_weight``; the
+  reference's ``us`` weighs the unsupervised one with ``lmd`` and the supervised one with
+  ``lmd_sem``, which differ only where those two are set apart.
 """
 
 from __future__ import annotations

@@ -31,6 +31,13 @@ Differences from the reference implementation, all deliberate:
   user's items), without the mini-batch's other targets that the reference adds to them.
   Plain TOP1 is not in the loss menu; the original GRU4Rec configs use BPR, the paper's
   other pairwise loss, with in-batch negatives.
+- In-batch negatives are one set of ``num_negatives`` (50) drawn, with replacement, from the
+  targets of the whole batch and shared by every position of every row; the reference's are
+  the other targets of the same time step of its 50 session-parallel rows. A batch of
+  sequence-parallel rows has about a hundred times more positions than such a step, so each
+  position here meets far fewer distinct negatives per epoch.
+- Scores are linear (``elu_param`` > 0: ELU); the original TOP1 runs put a tanh on them
+  (``final_act='tanh'``), which the BPR configs here have no use for.
 - Optimiser and batch are the experiment's (Adam; the reference uses Adagrad with momentum).
 """
 

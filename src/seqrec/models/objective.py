@@ -182,7 +182,10 @@ def in_batch_negatives(config: ItemLossConfig, targets: Tensor) -> Tensor:
     """S of the batch's own targets, drawn with replacement and shared by every position
     (under data-parallel training: from every rank's targets, by each rank for its own).
 
-    Their distribution is the target popularity, which logQ correction removes."""
+    Their distribution is the target popularity, which logQ correction removes (with the
+    counts of every training target, which is the pool's distribution only approximately:
+    the pool holds the targets of the batch's windows, so with histories longer than
+    max_seq_len the older targets are missing from it)."""
     pool, _ = gather_rows(targets)
     picks = torch.randint(pool.numel(), (config.num_negatives,), device=pool.device)
     return pool[picks]

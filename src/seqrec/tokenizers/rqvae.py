@@ -155,8 +155,15 @@ class RQVAE(nn.Module):
                 total += loss.item() * len(rows) / n
                 recon += recon_loss.item() * len(rows) / n
             self._reset_dead_codes(used, q.residuals, generator)
-            if epoch % 10 == 0 or epoch == c.epochs - 1:
-                logger.debug("rq-vae epoch %d: loss %.5f, recon %.5f", epoch, total, recon)
+            # about ten lines per fit (a long one said nothing for minutes)
+            if epoch % max(1, c.epochs // 10) == 0 or epoch == c.epochs - 1:
+                logger.info(
+                    "rq-vae epoch %d of %d: loss %.5f, recon %.5f",
+                    epoch + 1,
+                    c.epochs,
+                    total,
+                    recon,
+                )
         self.eval()
         return self
 

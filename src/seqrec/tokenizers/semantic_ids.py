@@ -166,6 +166,8 @@ class SemanticIds:
     def load(cls, folder: str | Path) -> SemanticIds:
         folder = Path(folder)
         meta_path, codes_path = folder / META_FILE, folder / CODES_FILE
+        if not folder.exists():
+            raise DataError(f"{folder} does not exist (a folder of semantic IDs was expected)")
         if not meta_path.is_file() or not codes_path.is_file():
             raise DataError(f"{folder} holds no semantic IDs ({META_FILE} and {CODES_FILE})")
         try:

@@ -49,9 +49,10 @@ logger = logging.getLogger(__name__)
 EpochCallback = Callable[[dict[str, Any]], None]
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, setting: str = "train.device") -> torch.device:
+    """``name`` ("auto", "cpu", "cuda") as a device; ``setting`` is what an error names."""
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: cuda was asked for but no CUDA device is available")
+        raise ConfigError(f"{setting}: cuda was asked for but no CUDA device is available")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)

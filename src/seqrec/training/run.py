@@ -529,7 +529,7 @@ def evaluate_run(
     check_protocol_fits(eval_config, run.model.config.num_items)  # before the data is read
     with data_parallel(device) as group:
         data = group.local_main_first(lambda: data_for_run(run, data_dir))
-        target = group.device(resolve_device(device))
+        target = group.device(resolve_device(device, "device"))
         run.model.to(target)
         result = evaluate_model(
             run.model,
