@@ -584,7 +584,7 @@ def test_poprec_counts_every_training_target_whatever_max_seq_len(tmp_path: Path
     raw = {**tiny_raw(train={"max_epochs": 1}), "model": {"name": "pop", "max_seq_len": 3}}
     config = experiment_from_raw(raw)
     data = prepare(config.data)
-    assert data.split.train.lengths.max() > 3 * 2  # the windows cut most histories
+    assert data.split.train.lengths.max() > 3 * 2  # histories far longer than max_seq_len
     model = build_model(build_model_config(config.model, num_items=data.num_items))
     Trainer(model, data, config).fit()
     train = data.split.train
