@@ -41,7 +41,7 @@ def time_steps(
 ) -> tuple[float, int, int, int]:
     """(seconds per timed step, steps per epoch, targets in the timed steps, FLOPs of the
     products (matmuls) of the first timed step)."""
-    config = experiment_from_raw({**raw, "train": {**raw["train"], "init_from": None}})
+    config = experiment_from_raw(raw)  # a stage-2 model holds stage 1's weights (``measure``)
     trainer = Trainer(model, data, config)
     rng, seed = epoch_seeds(config.train.seed, 1)
     torch.manual_seed(seed)

@@ -990,7 +990,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_STDOUT_CLOSED
-    except (ConfigError, DataError, ValueError, KeyError, OSError) as err:  # RunDirError too
+    # RunDirError too; FloatingPointError: a training loss that diverged (lower train.lr)
+    except (ConfigError, DataError, ValueError, KeyError, OSError, FloatingPointError) as err:
         return _report(err)
     except KeyboardInterrupt as err:
         how = "terminated" if isinstance(err, _Terminated) else "interrupted"

@@ -108,15 +108,17 @@ def check_protocol_fits(config: EvalConfig, num_items: int) -> None:
     the target, so at most ``num_items - 1`` items are left to draw negatives from. Warn about
     a cut-off that every target makes."""
     candidates = config.num_negatives + 1 if config.protocol == "sampled" else num_items
-    if max(config.ks) >= candidates and candidates <= num_items:
+    too_large = [k for k in config.ks if k >= candidates]
+    if too_large and candidates <= num_items:
         ranked = (
             f"the {candidates} candidates (target + eval.num_negatives)"
             if config.protocol == "sampled"
             else f"the catalogue of {candidates} items"
         )
+        ks, verb = ", ".join(map(str, too_large)), "is" if len(too_large) == 1 else "are"
         warn_once(
-            f"eval.ks {max(config.ks)} is not below {ranked}: every target ranked is within "
-            f"it, so HR@{max(config.ks)} says nothing about the model"
+            f"eval.ks {ks} {verb} not below {ranked}: every target ranked is within "
+            f"it, so HR@{too_large[0]} says nothing about the model"
         )
     if config.protocol != "sampled" or config.num_negatives <= num_items - 1:
         return

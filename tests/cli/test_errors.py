@@ -85,6 +85,15 @@ def test_bad_config_is_one_line_and_creates_no_run(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_diverged_training_is_one_line_that_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was an "unexpected FloatingPointError", exit 1, asking for SEQREC_DEBUG."""
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw(train={"lr": 1e6}, model={"loss": "ce"}))
+    line = error_of(capsys, "train", "--config", config, "--out", tmp_path / "run")
+    assert line == "error: training loss is not finite; lower train.lr or check the data"
+
+
 def test_data_with_no_training_target_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -121,10 +121,16 @@ def test_the_distinct_sampler_avoids_the_trained_window_not_the_whole_history() 
     # which the user has seen earlier, is a negative; row 0's window is [2, 3, 4]
     assert set(batch.negatives[0].tolist()) == {1, 4, 5, 7, 8, 9}
     assert set(batch.negatives[1].tolist()) == {1, 5, 6, 7, 8, 9}
-    with pytest.raises(ValueError, match="at most 9 items - 3 of a training window"):
+    with pytest.raises(ValueError, match="at most 9 items - 3 of a training window = 6; lower"):
         make(
             BatchNeeds(num_negatives=7, negative_sampler="distinct", shared_negatives=True),
             max_seq_len=2,
+        )
+    # a window as long as the catalogue leaves room for none: the setting to change is named
+    with pytest.raises(ValueError, match=r"= -1; no value fits: lower model.max_seq_len"):
+        make(
+            BatchNeeds(num_negatives=1, negative_sampler="distinct", shared_negatives=True),
+            max_seq_len=9,
         )
 
 

@@ -436,8 +436,14 @@ def test_positive_count_cases_cover_the_deep_models() -> None:
             {"inner_steps": 5, "gate": "overwrite"},
             "model.inner_steps, model.gate do nothing in stage 1, which has no reasoner",
         ),
+        (
+            {"name": "sasrec", "loss": "bce", "negative_sampler": "in_batch"},
+            {"shared_negatives": True},
+            "model.shared_negatives does nothing with model.loss: bce and "
+            "model.negative_sampler: in_batch",
+        ),
     ],
-    ids=["duorec-no-contrast", "sasrec-no-positions", "recrec-stage-1"],
+    ids=["duorec-no-contrast", "sasrec-no-positions", "recrec-stage-1", "in-batch-shared"],
 )
 def test_a_field_the_model_never_reads_is_named_once(
     section: dict[str, object],

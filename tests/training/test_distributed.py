@@ -582,6 +582,15 @@ def test_models_that_cannot_split_a_batch_between_ranks_are_refused() -> None:
         check_data_parallel(CoupledRows(num_items=50), world_size=2)
 
 
+def test_a_model_that_trains_on_another_runs_weights_needs_init_from() -> None:
+    """A stage-2 RecRec without it trained its reasoner over a random, frozen backbone."""
+    raw = tiny_raw(model={"name": "recrec", "stage": 2, "hidden_size": 16, "max_seq_len": 20})
+    with pytest.raises(ConfigError, match="train.init_from is not set: a stage-2 RecRec"):
+        check_train_config(experiment_from_raw(raw))
+    raw["train"] = {"init_from": "runs/stage-1"}
+    check_train_config(experiment_from_raw(raw))
+
+
 @pytest.mark.parametrize(
     "model",
     [

@@ -270,10 +270,16 @@ class TrainBatches:
         if needs.negative_sampler == "distinct" and needs.num_negatives > (
             self.num_items - window_size
         ):
+            room = self.num_items - window_size
+            advice = (
+                f"lower model.num_negatives to {room} or less"
+                if room > 0
+                else "no value fits: lower model.max_seq_len below the catalogue"
+            )
             raise ValueError(
                 f"model.num_negatives = {needs.num_negatives} distinct negatives need at most "
-                f"{self.num_items} items - {window_size} of a training window = "
-                f"{self.num_items - window_size}"
+                f"{self.num_items} items - {window_size} of a training window = {room}; "
+                f"{advice}"
             )
         lengths = self.sequences.lengths
         # Without prefix examples a row r is the window of ``items`` before the exclusive end

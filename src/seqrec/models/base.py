@@ -84,6 +84,12 @@ class ModelConfig:
             verb = "does" if len(changed) == 1 else "do"
             warn_once(f"{', '.join(changed)} {verb} nothing {reason}")
 
+    @property
+    def needs_init_from(self) -> str | None:
+        """Why training this model must start from another run's weights
+        (``train.init_from``), or None when it trains from scratch."""
+        return None
+
     def check_runnable(self) -> None:
         """Raise ``ConfigError`` when this machine cannot run the model as configured (an
         optional kernel it names is not installed); training checks it before reading data."""

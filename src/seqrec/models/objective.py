@@ -84,6 +84,7 @@ class ItemLossConfig(ModelConfig):
             "gbce_t": self.loss != "gbce",
             "bpr_max_reg": self.loss != "bpr_max",
             "sampling_alpha": self.negative_sampler != "popularity",
+            "shared_negatives": self.negative_sampler == "in_batch",  # one set a batch anyway
         }
         return [name for name, is_unread in unread.items() if is_unread]
 

@@ -215,6 +215,15 @@ class RecRecConfig(ModelConfig):
         self.backbone_config()  # the backbone's own validation, now rather than at build
 
     @property
+    def needs_init_from(self) -> str | None:
+        if self.stage == 1:
+            return None
+        return (
+            "a stage-2 RecRec trains only its reasoner, over the frozen backbone and compressor "
+            "of a stage-1 run (random ones without it)"
+        )
+
+    @property
     def loss_splits_by_rows(self) -> bool:
         # Every example has its own history, and the loss is a mean over the examples
         # (ModelOutput.num_targets: with "last", one a row, not one a labelled position).

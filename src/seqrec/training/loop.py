@@ -98,6 +98,9 @@ def check_train_config(config: ExperimentConfig, world_size: int = 1) -> None:
     # here; no model's config check depends on them.
     model_config = build_model_config(config.model, num_items=1, num_users=1)
     model_config.check_runnable()
+    reason = model_config.needs_init_from
+    if reason is not None and config.train.init_from is None:
+        raise ConfigError(f"train.init_from is not set: {reason}; set it to that run")
     check_data_parallel(model_config, world_size)
     if world_size > config.train.batch_size and model_config.loss_gathers_rows:
         # a step every rank cannot join is skipped by all of them: no step would train
