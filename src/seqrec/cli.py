@@ -98,18 +98,15 @@ def _check_not_a_run(flag: str, path: str | Path, writes: str, *, inside: bool =
     """Refuse to write ``writes`` straight into a run directory (with ``inside``, into a
     folder of one too): semantic IDs there would replace those a generative run was trained
     on (its semantic_ids/), and an analysis's files would mix with the run's own."""
-    from seqrec.training.checkpoint import CONFIG, STATE
-
-    def is_run(folder: Path) -> bool:
-        return (folder / CONFIG).is_file() or (folder / STATE).exists()
+    from seqrec.training.checkpoint import is_run_dir
 
     path = Path(path)
-    if is_run(path):
+    if is_run_dir(path):
         raise ConfigError(
             f"{flag} {path} is a run directory; write {writes} to a folder of its own, "
             f"e.g. {path / flag.lstrip('-')}"
         )
-    if inside and is_run(path.absolute().parent):
+    if inside and is_run_dir(path.absolute().parent):
         raise ConfigError(
             f"{flag} {path} is inside the run directory {path.parent}, whose semantic IDs it "
             f"could replace; write {writes} to a folder outside any run"
@@ -995,16 +992,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(err)
     except KeyboardInterrupt as err:
         how = "terminated" if isinstance(err, _Terminated) else "interrupted"
-        resume = "; a training run resumes with --resume" if _has_checkpoint(args) else ""
-        _say(f"{how}{resume}")
+        _say(f"{how}{_resume_hint(args)}")
         return EXIT_TERMINATED if isinstance(err, _Terminated) else EXIT_INTERRUPTED
     except Exception as err:  # the last line of defence: one line, not a traceback wall
         if os.environ.get("SEQREC_DEBUG"):
             raise
         (first, *_) = str(err).strip().splitlines() or [""]
         if launched_world_size() > 1:  # most likely another process stopped: gloo, NCCL
-            resume = "; a training run resumes with --resume" if _has_checkpoint(args) else ""
-            _say(f"error: {type(err).__name__}: {first} (did another process stop?){resume}")
+            hint = _resume_hint(args)
+            _say(f"error: {type(err).__name__}: {first} (did another process stop?){hint}")
             return 1
         _say(
             f"error: unexpected {type(err).__name__}: {first} (SEQREC_DEBUG=1 shows the traceback)"
@@ -1020,14 +1016,14 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
-def _has_checkpoint(args: argparse.Namespace) -> bool:
-    """Whether an interrupted ``train`` left a checkpoint to resume from (one stopped before
-    its first leaves nothing behind)."""
+def _resume_hint(args: argparse.Namespace) -> str:
+    """How to go on, when an interrupted ``train`` left a checkpoint to resume from (one
+    stopped before its first leaves nothing behind); else nothing."""
     if args.command != "train" or getattr(args, "out", None) is None:
-        return False
+        return ""
     from seqrec.training.checkpoint import STATE  # torch: not for other commands' Ctrl-C
 
-    return (Path(args.out) / STATE).is_file()
+    return "; a training run resumes with --resume" if (Path(args.out) / STATE).is_file() else ""
 
 
 def import_plugins(names: Sequence[str], source: str = "--import") -> None:

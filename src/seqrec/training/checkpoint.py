@@ -101,6 +101,11 @@ class LoadedRun:
     id_map: IdMap
 
 
+def is_run_dir(folder: Path) -> bool:
+    """Whether ``folder`` holds a run: its config, or a checkpoint of one."""
+    return (folder / CONFIG).is_file() or (folder / STATE).exists()
+
+
 def read_config(run_dir: Path) -> dict[str, Any]:
     if run_dir.is_file():
         hint = f"; did you mean {run_dir.parent}?" if (run_dir.parent / CONFIG).is_file() else ""

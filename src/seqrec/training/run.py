@@ -52,6 +52,7 @@ from seqrec.training.checkpoint import (
     WEIGHTS,
     LoadedRun,
     RunDirError,
+    is_run_dir,
     load_run,
     read_config,
     save_json,
@@ -216,7 +217,7 @@ def warm_start(model: SequentialRecommender, init_from: str | Path, data: Prepar
         raise ConfigError(
             f"train.init_from: {init_from} has an incompatible model config ({diffs})"
         )
-    if source.id_map.items != data.id_map.items or source.id_map.users != data.id_map.users:
+    if source.id_map != data.id_map:  # the same users and items, in the same order
         raise ConfigError(
             f"train.init_from: {init_from} was trained on other data (its id map differs)"
         )
@@ -336,7 +337,7 @@ def train_experiment(
 
 def _holds_a_run(run_dir: Path, resume: bool) -> bool:
     """Whether ``run_dir`` holds a run already; refuses what cannot be trained there."""
-    started = (run_dir / CONFIG).is_file() or (run_dir / STATE).exists()
+    started = is_run_dir(run_dir)
     if started and not resume:
         if _never_trained(run_dir):
             raise RunDirError(
@@ -367,8 +368,7 @@ def _holds_a_run(run_dir: Path, resume: bool) -> bool:
 def _check_same_ids(run_dir: Path, data: PreparedData) -> None:
     """Refuse to resume on data whose ids differ from the run's id map: its weights belong to
     the items and users it was started with (the file changed, or its preprocessing)."""
-    started_with = IdMap.load(run_dir / ID_MAP)
-    if data.id_map.items != started_with.items or data.id_map.users != started_with.users:
+    if data.id_map != IdMap.load(run_dir / ID_MAP):
         raise RunDirError(
             f"--resume: the data no longer matches {run_dir / ID_MAP} (the file or its "
             "preprocessing changed since the run started); resume with the data it was started "
@@ -459,7 +459,7 @@ def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> Prepared
         if data_dir is None and trained_from.is_file():
             data_dir = trained_from.parent.parent
         data = prepare(run.config.data, data_dir)
-    if data.id_map.items != run.id_map.items or data.id_map.users != run.id_map.users:
+    if data.id_map != run.id_map:
         raise RunDirError(
             "the prepared data does not match the run's id map (the dataset or its "
             "preprocessing changed since training); evaluate with the data it was trained on"
