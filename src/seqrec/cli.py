@@ -286,8 +286,8 @@ _TRAINED_SECTIONS = {"model": "the model's inference settings", "eval": "the eva
 # ---------------------------------------------------------------- tokenize
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from seqrec.data.prepare import prepare
-    from seqrec.tokenizers import TOKENIZER_FILE, format_report
-    from seqrec.training.semantic_ids import fit_semantic_ids
+    from seqrec.tokenizers import format_report
+    from seqrec.training.semantic_ids import RunSemanticIds, fit_semantic_ids
 
     _check_output("--out", args.out, folder=True)
     _check_not_a_run("--out", args.out, "the semantic IDs", inside=True)
@@ -302,8 +302,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     data = prepare(config.data, args.data_dir)
     ids, tokenizer = fit_semantic_ids(config.tokenizer, data, args.data_dir)
     out = Path(args.out)
-    ids.save(out)
-    tokenizer.save(out / TOKENIZER_FILE)
+    RunSemanticIds(ids, tokenizer, loaded_from=None).save_to(out)
     print(f"dataset: {data.name} ({data.source}); tokenizer: {config.tokenizer.method}")
     print(format_report(ids.report()))
     print(f"semantic IDs written to {out}")

@@ -159,6 +159,12 @@ class DataConfig:
         )
         if self.max_history is not None and self.max_history < 3:
             raise ConfigError(f"data.max_history must be >= 3 or null, got {self.max_history}")
+        if self.max_history == 3 and self.split == "leave_one_out":
+            # The last two items are held out, which leaves one: no training target.
+            raise ConfigError(
+                "data.max_history must be >= 4 with data.split: leave_one_out (it holds out "
+                "each user's last 2 items, and training needs 2 more), got 3"
+            )
         _check_seed("data.synthetic_seed", self.synthetic_seed)
         if self.synthetic_users < 1 or self.synthetic_items < 2:
             raise ConfigError(

@@ -54,6 +54,14 @@ def test_wrong_type_is_named() -> None:
         from_dict(TrainConfig, {"batch_size": "big"}, "train")
 
 
+def test_max_history_leaves_leave_one_out_a_training_target() -> None:
+    with pytest.raises(ConfigError, match="max_history must be >= 4 with data.split"):
+        from_dict(DataConfig, {"max_history": 3}, "data")
+    assert from_dict(DataConfig, {"max_history": 4}, "data").max_history == 4
+    temporal = {"max_history": 3, "split": "global_temporal"}
+    assert from_dict(DataConfig, temporal, "data").max_history == 3
+
+
 def test_unknown_section() -> None:
     with pytest.raises(ConfigError, match="unknown section"):
         experiment_from_raw({"trian": {}})
@@ -316,8 +324,24 @@ def test_config_path_that_is_a_directory_says_so(tmp_path: Path) -> None:
             "the tokenizer section makes semantic IDs for generative models; sasrec does not "
             "use them: ignored",
         ),
+        (
+            lambda: check_train_config(
+                experiment_from_raw(
+                    {
+                        "model": {
+                            "name": "sasrec",
+                            "loss": "sampled_softmax",
+                            "negative_sampler": "in_batch",
+                        },
+                        "train": {"batch_size": 1},
+                    }
+                )
+            ),
+            "in-batch negatives are the batch's own targets: with train.batch_size 1 they come "
+            "from one sequence, and a row that trains one target has none (its loss is 0)",
+        ),
     ],
-    ids=["columns", "synthetic", "from_run", "tokenizer"],
+    ids=["columns", "synthetic", "from_run", "tokenizer", "in_batch"],
 )
 def test_a_setting_that_changes_nothing_is_named_once(
     build: Callable[[], object], warning: str, caplog: pytest.LogCaptureFixture

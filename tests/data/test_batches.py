@@ -134,6 +134,13 @@ def test_the_distinct_sampler_avoids_the_trained_window_not_the_whole_history() 
         )
 
 
+def test_drawing_as_many_negatives_as_items_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    make(BatchNeeds(num_negatives=NUM_ITEMS - 1))
+    assert "negatives" not in caplog.text
+    make(BatchNeeds(num_negatives=NUM_ITEMS))
+    assert f"as the {NUM_ITEMS} items of the catalogue, so most are repeats" in caplog.text
+
+
 def test_popularity_sampler_follows_target_counts() -> None:
     counts = target_counts(Sequences.from_lists(ROWS), NUM_ITEMS)
     assert counts.tolist() == [0, 1, 4, 3, 1, 0, 1, 1, 0, 0]  # first items are no targets

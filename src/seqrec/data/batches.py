@@ -14,7 +14,7 @@ import numpy.typing as npt
 import torch
 
 from seqrec.batch import PAD_ID, BatchNeeds, SeqBatch
-from seqrec.config import Batching, TrainWindows
+from seqrec.config import Batching, TrainWindows, warn_once
 from seqrec.data.sequences import IntArray, Sequences
 
 _BUCKET_BATCHES = 50  # batches per length-sorted bucket: less padding, still shuffled
@@ -280,6 +280,12 @@ class TrainBatches:
                 f"model.num_negatives = {needs.num_negatives} distinct negatives need at most "
                 f"{self.num_items} items - {window_size} of a training window = {room}; "
                 f"{advice}"
+            )
+        if needs.num_negatives >= self.num_items and needs.negative_sampler != "distinct":
+            warn_once(
+                f"model.num_negatives = {needs.num_negatives} draws (with replacement) at least "
+                f"as many negatives as the {self.num_items} items of the catalogue, so most "
+                "are repeats; model.loss: ce scores every item once at about the same cost"
             )
         lengths = self.sequences.lengths
         # Without prefix examples a row r is the window of ``items`` before the exclusive end

@@ -39,6 +39,7 @@ from seqrec.models.base import (
     SequentialRecommender,
     build_model_config,
 )
+from seqrec.models.objective import ItemLossConfig
 from seqrec.nn.row_gather import rows_gathered_over_ranks
 from seqrec.training.checkpoint import STATE, WEIGHTS, load_torch, save_torch, write_metrics
 from seqrec.training.cpu_allocator import keep_freed_memory
@@ -108,6 +109,15 @@ def check_train_config(config: ExperimentConfig, world_size: int = 1) -> None:
             f"train.batch_size {config.train.batch_size} is below the {world_size} processes: "
             f"{model_config.name}'s loss needs rows on every process in every step, so every "
             f"batch would be skipped; use train.batch_size >= {world_size}"
+        )
+    if (
+        isinstance(model_config, ItemLossConfig)
+        and model_config.in_batch_negatives
+        and config.train.batch_size == 1
+    ):
+        warn_once(
+            "in-batch negatives are the batch's own targets: with train.batch_size 1 they come "
+            "from one sequence, and a row that trains one target has none (its loss is 0)"
         )
     _check_window_stride(config, model_config)
     _check_validation_protocol(config, model_config)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 from seqrec.config import ConfigError, TokenizerConfig
 from seqrec.data.item_text import count_duplicates, count_missing, item_texts
 from seqrec.data.sequences import PreparedData
+from seqrec.io import atomic_write_bytes
 from seqrec.tokenizers import (
     TOKENIZER_FILE,
     SemanticIds,
@@ -97,11 +97,18 @@ class RunSemanticIds:
         folder = run_dir / SEMANTIC_IDS
         if self.loaded_from is not None and self.loaded_from.resolve() == folder.resolve():
             return
-        self.ids.save(folder)
+        self.save_to(folder)
+
+    def save_to(self, folder: Path) -> None:
+        """Write the tokenizer (when there is one) and the IDs into ``folder``, each file
+        atomically. The IDs' metadata goes last and records the sha256 of their codes, so a
+        rewrite of the IDs cut short loads as damaged, never as old metadata over new codes."""
         if self.tokenizer is not None:
             self.tokenizer.save(folder / TOKENIZER_FILE)
         elif self.loaded_from is not None and (self.loaded_from / TOKENIZER_FILE).is_file():
-            shutil.copyfile(self.loaded_from / TOKENIZER_FILE, folder / TOKENIZER_FILE)
+            data = (self.loaded_from / TOKENIZER_FILE).read_bytes()
+            atomic_write_bytes(folder / TOKENIZER_FILE, data)
+        self.ids.save(folder)
 
 
 def semantic_ids_for_run(
