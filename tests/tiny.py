@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
 from seqrec.models import SequentialRecommender, build_model, build_model_config
 
 B, L, S, NUM_ITEMS, NUM_USERS = 3, 7, 5, 37, 4
@@ -62,3 +67,19 @@ def tiny_model(name: str, **changes: object) -> SequentialRecommender:
         {"name": name, **values, **changes}, num_items=NUM_ITEMS, num_users=NUM_USERS
     )
     return build_model(config)
+
+
+def assert_causal(encode: Callable[[Tensor], Tensor], rows: int = B, width: int = L) -> None:
+    """For every t, another item at every position >= t of unpadded random histories moves
+    none of ``encode``'s (rows, width, ...) outputs before t, in any row, and does move some
+    at or after t in every row (so the check is not vacuous)."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, NUM_ITEMS + 1, (rows, width), generator=g)
+    before = encode(ids)
+    for t in range(1, width):
+        changed = ids.clone()
+        changed[:, t:] = ids[:, t:] % NUM_ITEMS + 1  # another item at each future position
+        after = encode(changed)
+        torch.testing.assert_close(after[:, :t], before[:, :t], msg=f"t={t}")
+        moved = (after[:, t:] - before[:, t:]).abs().flatten(1).amax(dim=1)  # (rows,)
+        assert (moved > 1e-3).all(), f"t={t}: the future itself did not change in every row"

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError
 from seqrec.models import build_model_config
+from seqrec.models.base import with_inference_settings
 from seqrec.models.mamba4rec import Mamba4Rec, Mamba4RecConfig
 from seqrec.nn import selective_scan as scan_module
-from tests.tiny import NUM_ITEMS, L
+from tests.tiny import NUM_ITEMS, L, assert_causal
 
 CONFIG = Mamba4RecConfig(
     num_items=NUM_ITEMS, max_seq_len=L, hidden_size=18, state_size=5, conv_kernel=3
@@ -41,16 +42,11 @@ def histories(rows: int, width: int, lengths: list[int], seed: int = 0) -> torch
     return torch.where(real, items, PAD_ID)
 
 
-def test_causal_future_items_do_not_change_the_past(batch: SeqBatch) -> None:
-    model = build(num_layers=2)
-    t = 4
-    changed = batch.input_ids.clone()
-    changed[:, t:] = torch.randint(1, NUM_ITEMS + 1, changed[:, t:].shape)
-    before, _ = model.encode(batch.input_ids)
-    after, _ = model.encode(changed)
-    real = (batch.input_ids != PAD_ID)[:, :t]
-    torch.testing.assert_close(before[:, :t][real], after[:, :t][real])
-    assert not torch.allclose(before[:, t:], after[:, t:])  # the future itself did change
+@pytest.mark.parametrize("scan", ["auto", "fast", "reference"])
+def test_causal_future_items_do_not_change_the_past(scan: str) -> None:
+    """Every scan: ``auto`` takes the fused CPU block, the others PyTorch's convolution."""
+    model = build(num_layers=2, scan=scan)
+    assert_causal(lambda ids: model.encode(ids)[0])
 
 
 @pytest.mark.parametrize(
@@ -255,6 +251,20 @@ def test_cuda_scan_without_the_kernel_fails_at_construction(
         build(scan="cuda")
     with pytest.raises(ConfigError, match="scan: 'triton' is not one of"):
         build_model_config({"name": "mamba4rec", "scan": "triton"}, num_items=NUM_ITEMS)
+
+
+def test_the_scan_is_an_inference_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run trained with the CUDA kernel could not be loaded where it is missing: the scan
+    is how the block computes, so evaluate/recommend/serve may choose another."""
+    monkeypatch.setattr(scan_module, "_mamba_kernel", lambda: None)
+    trained = dataclasses.replace(CONFIG, scan="cuda")  # as config.json holds it
+    with pytest.raises(ConfigError, match=r"served here with --set model\.scan=auto"):
+        Mamba4Rec(trained)
+    here = with_inference_settings(trained, {"scan": "auto"})
+    assert here.scan == "auto"
+    assert Mamba4Rec(here).config.scan == "auto"
+    with pytest.raises(ConfigError, match="needs the mamba-ssm kernel"):  # as a 400, served
+        with_inference_settings(CONFIG, {"scan": "cuda"})
 
 
 def test_one_layer_has_no_residual_around_the_block_two_layers_do() -> None:

@@ -76,6 +76,24 @@ def test_past_max_seq_len_a_session_has_read_every_item(
     assert answer.scores == pytest.approx(top.values.tolist(), abs=1e-4)
 
 
+def test_a_state_with_a_horizon_is_encoded_anew_past_it(tmp_path: Path) -> None:
+    """Mamba4Rec with a positional embedding has no position past max_seq_len: its sessions
+    answered 500 there (a ValueError from step). Past it they now answer as ``recommend``,
+    which reads the most recent max_seq_len items."""
+    model = {**RECURRENT["mamba4rec"], "max_seq_len": 8, "positional_embedding": True}
+    raw = tiny_raw(model=model, train={"max_epochs": 1})
+    predictor = Predictor.from_run_dir(train_isolated(raw, tmp_path / "run", tmp_path / "cache"))
+    items = list(predictor.id_map.items)
+    history = [items[3], *items[20:31], items[3], items[50]]
+    store = SessionStore(predictor)
+    for start in (5, 12):  # within the horizon, and a longer history than it
+        answer = store.start("u", history[:start], k=12)
+        assert_same(answer, predictor.recommend([history[:start]], 12)[0])
+        for end in range(start + 1, len(history) + 1):
+            answer = store.append("u", history[end - 1], k=12)
+            assert_same(answer, predictor.recommend([history[:end]], 12)[0])
+
+
 def test_a_history_given_as_a_string_is_refused(predictor: Predictor, items: list[str]) -> None:
     """start('u', '12') once started a session of items '1' and '2'."""
     with pytest.raises(TypeError, match="a history must be a list of item ids"):

@@ -265,7 +265,9 @@ def with_inference_settings(config: C, settings: Mapping[str, Any]) -> C:
             f"{', '.join(f'model.{name}' for name in fixed)} cannot change after training; "
             f"inference settings of {config.name!r}: {valid}"
         )
-    return replace_checked(config, settings, "model")
+    changed = replace_checked(config, settings, "model")
+    changed.check_runnable()
+    return changed
 
 
 def warm_start_conflicts(config: ModelConfig, source: ModelConfig) -> list[str]:

@@ -244,6 +244,11 @@ class GRU4Rec(ScoringRecommender):
         _, state = self.gru(packed)  # every layer's state after each row's newest item
         return state, self._scores(self.dropout(state[-1]))
 
+    @property
+    def state_horizon(self) -> int | None:
+        """None: a GRU's state extends to any length."""
+        return None
+
     @torch.no_grad()
     def step(self, state: Tensor, item_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Append one item per user, (B,) real ids -> the new state and (B, N + 1) scores;

@@ -95,6 +95,10 @@ class Mamba4RecConfig(ModelConfig):
     ffn: bool = True  # ablation: False keeps only the Mamba block in each layer
     scan: ScanImpl = "auto"  # selective scan implementation (seqrec.nn.selective_scan)
     at_least_one: ClassVar[tuple[str, ...]] = ("conv_kernel", "expand", "num_layers")
+    # The scan is how, not what, the block computes: a run trained with the CUDA kernel is
+    # evaluated or served on a machine without it, and a warm start may change it.
+    inference_settings: ClassVar[tuple[str, ...]] = ("scan",)
+    warm_start_free: ClassVar[tuple[str, ...]] = ("scan",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,7 +108,10 @@ class Mamba4RecConfig(ModelConfig):
         try:
             check_scan_impl(self.scan)
         except RuntimeError as err:
-            raise ConfigError(f"model.scan {self.scan!r}: {err}") from None
+            raise ConfigError(
+                f"model.scan {self.scan!r}: {err} (a run trained with it is evaluated or served "
+                "here with --set model.scan=auto)"
+            ) from None
 
     @property
     def inner_size(self) -> int:
@@ -437,11 +444,22 @@ class Mamba4Rec(ScoringRecommender):
 
         No truncation to max_seq_len: the state is that of the full history, which is what
         ``step`` extends. ``score`` equals it for histories up to max_seq_len items; for
-        longer ones ``score`` sees only the most recent max_seq_len.
+        longer ones ``score`` sees only the most recent max_seq_len. With a positional
+        embedding, which has no position past max_seq_len, the state is that of the most
+        recent max_seq_len items, as ``score`` reads them (see ``state_horizon``).
         """
+        if self.pos_emb is not None:
+            input_ids = input_ids[:, -self.config.max_seq_len :]
         hidden, state = self.encode(input_ids, last_only=True, return_state=True)
         assert state is not None
         return state, hidden[:, -1] @ self.item_emb.weight.T
+
+    @property
+    def state_horizon(self) -> int | None:
+        """The most items a state can hold: none without a positional embedding; with one,
+        max_seq_len (``step`` refuses to go past it: a caller re-encodes the most recent
+        max_seq_len items instead, as ``score`` reads them)."""
+        return None if self.pos_emb is None else self.config.max_seq_len
 
     def _step_compiles(self, state: MambaState, item_ids: Tensor) -> bool:
         """Whether ``step`` runs the numba kernels: at inference, when the scan is numba's

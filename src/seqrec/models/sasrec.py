@@ -26,10 +26,10 @@ its nn.MultiheadAttention, which keeps PyTorch's Xavier-uniform (``qkv_init:
 xavier_uniform``).
 
 Differences from the reference implementation, all deliberate:
-- Padded keys are masked out of attention (the reference only zeroes padded embeddings, so
-  real positions still attend to zero vectors at padded positions). Outputs at real
-  positions therefore do not depend on how much padding a batch has, which lets training
-  pad each batch only to its longest sequence.
+- Padded keys are masked out of attention, by the padding itself, not by kang205's test
+  for all-zero keys (pmixer's port masks nothing, so there real positions attend to zero
+  vectors at padded positions). Outputs at real positions therefore do not depend on how
+  much padding a batch has, which lets training pad each batch only to its longest sequence.
 - By default positions are counted from the newest item, which always gets position
   max_seq_len - 1, exactly as with the reference's left padding to max_seq_len.
 - The point-wise FFN uses nn.Linear where the reference uses a 1x1 Conv1d (same function).
@@ -110,6 +110,9 @@ class SASRecConfig(ItemLossConfig):
     # which that code's N(0, 0.02) initialisation does not reach.
     qkv_init: Literal["xavier_uniform"] | None = None
     positional_embedding: bool = True
+    # "learned": a trained P (the paper's choice); "sinusoidal": the fixed sin/cos encodings
+    # of Vaswani et al., which the paper tried and found worse (Sec. III-B)
+    position_encoding: Literal["learned", "sinusoidal"] = "learned"
     shared_embedding: bool = True  # False: a second item matrix N scores the output
     residual: bool = True
     scale_embedding: bool = True  # item embeddings * sqrt(d), as the reference code does
@@ -130,7 +133,9 @@ class SASRecConfig(ItemLossConfig):
             raise ConfigError("model.user_embedding needs the number of users from the data")
         check_float("model.init_std", self.init_std, above=0.0, nullable=True)
         if not self.positional_embedding:
-            self.warn_unread(("position_origin",), "with model.positional_embedding: false")
+            self.warn_unread(
+                ("position_origin", "position_encoding"), "with model.positional_embedding: false"
+            )
         if self.init_std is not None and self.init != "xavier_normal":
             raise ConfigError(
                 f"model.init_std {self.init_std} replaces model.init; set one of them, not "
@@ -329,6 +334,17 @@ class Block(nn.Module):
         )
 
 
+def sinusoidal_positions(positions: int, width: int) -> Tensor:
+    """(positions, width) fixed encodings: sin(p / 10000^(2i / width)) in column 2i and the
+    matching cos in column 2i + 1 (Vaswani et al., 2017)."""
+    p = torch.arange(positions, dtype=torch.float64).unsqueeze(1)
+    rates = 10000.0 ** (-torch.arange(0, width, 2, dtype=torch.float64) / width)
+    table = torch.zeros(positions, width, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(p * rates)
+    table[:, 1::2] = torch.cos(p * rates[: width // 2])
+    return table.float()
+
+
 @register_model
 class SASRec(ScoringRecommender):
     config_class = SASRecConfig
@@ -352,6 +368,10 @@ class SASRec(ScoringRecommender):
         self.emb_ln: nn.Module = nn.LayerNorm(D) if post_ln else nn.Identity()
         self.ln_f: nn.Module = nn.Identity() if post_ln else nn.LayerNorm(D)
         self.apply(self._init_weights)
+        if self.pos_emb is not None and config.position_encoding == "sinusoidal":
+            with torch.no_grad():
+                self.pos_emb.weight.copy_(sinusoidal_positions(config.max_seq_len, D))
+            self.pos_emb.weight.requires_grad_(False)
         self._residual_scale = 1.0
 
     @property

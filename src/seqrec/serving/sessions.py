@@ -4,7 +4,9 @@ updates the user's state in O(1) instead of re-encoding the history.
 A session starts from a history (``start``: one full encoding), then takes one item at a time
 (``append``: one recurrent step). Its recommendations equal those of ``Predictor.recommend``
 on the whole history as long as that fits in ``max_seq_len``; past it, the session has seen
-every item while ``recommend`` reads the most recent ``max_seq_len``.
+every item while ``recommend`` reads the most recent ``max_seq_len``. A model whose state
+cannot grow past a horizon (Mamba4Rec with a positional embedding) re-encodes the session's
+most recent ``horizon`` items at each event past it, and then answers as ``recommend`` does.
 
 Sessions live in memory, at most ``capacity`` of them: starting one more drops the least
 recently used. A dropped or never-started session is a ``KeyError``; the client starts it
@@ -49,6 +51,11 @@ def check_id(what: str, value: object) -> str:
 class RecurrentRecommender(Protocol):
     """A model whose users' state can be built from a history and extended item by item."""
 
+    @property
+    def state_horizon(self) -> int | None:
+        """The most items a state can hold (None: no limit)."""
+        ...
+
     def init_state(self, input_ids: Tensor) -> tuple[Any, Tensor]: ...
 
     def step(self, state: Any, item_ids: Tensor) -> tuple[Any, Tensor]: ...
@@ -62,6 +69,8 @@ def supports_sessions(predictor: Predictor) -> bool:
 class _Session:
     state: Any  # the model's state for one user (batch of 1)
     seen: set[int]  # internal ids of every item of the session
+    # the items the state holds, for a model with a state_horizon (at most that many; else None)
+    recent: npt.NDArray[np.int64] | None
 
 
 class SessionStore:
@@ -108,7 +117,9 @@ class SessionStore:
             assert isinstance(model, RecurrentRecommender)
             input_ids = torch.from_numpy(ids).unsqueeze(0).to(self.predictor.device)
             state, scores = model.init_state(input_ids)
-            session = _Session(state, set(ids.tolist()))
+            horizon = model.state_horizon
+            recent = None if horizon is None else ids[-horizon:].copy()
+            session = _Session(state, set(ids.tolist()), recent)
             answer = self._answer(session.seen, scores, k, exclude_seen, unknown)
             self._sessions[session_id] = session  # only once answered: a failure changes nothing
             self._sessions.move_to_end(session_id)
@@ -133,11 +144,20 @@ class SessionStore:
                 raise UnknownItemError(
                     f"item {item!r} is not in the model's catalogue; session unchanged"
                 )
-            item_ids = torch.from_numpy(ids).to(self.predictor.device)
-            state, scores = model.step(session.state, item_ids)
+            horizon = model.state_horizon
+            recent = None if session.recent is None else np.concatenate([session.recent, ids])
+            if horizon is not None and recent is not None and len(recent) > horizon:
+                # the state is full: encode the most recent items anew, as recommend reads them
+                recent = recent[-horizon:]
+                input_ids = torch.from_numpy(recent).unsqueeze(0).to(self.predictor.device)
+                state, scores = model.init_state(input_ids)
+            else:
+                item_ids = torch.from_numpy(ids).to(self.predictor.device)
+                state, scores = model.step(session.state, item_ids)
             seen = session.seen | {int(ids[0])}
             answer = self._answer(seen, scores, k, exclude_seen, [])
-            session.state, session.seen = state, seen  # only once answered, as in start
+            # only once answered, as in start
+            session.state, session.seen, session.recent = state, seen, recent
             self._sessions.move_to_end(session_id)
             return answer
 
