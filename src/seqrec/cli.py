@@ -612,6 +612,7 @@ def cmd_analyze_residual(args: argparse.Namespace) -> int:
         shuffle_seeds=shuffle_seeds,
         k=args.k,
         filter_seen=args.filter_seen,
+        run_filter_seen=run.config.eval.filter_seen,
         batch_size=args.batch_size,
         device=str(resolve_device(args.device, "--device")),
     )
@@ -658,7 +659,11 @@ def cmd_analyze_attention(args: argparse.Namespace) -> int:
         data = data_for_run(run, args.data_dir)
         source = str(run.resolved.get("dataset", {}).get("source", ""))
         movies, note = find_movies_file(
-            data.name, source, [args.data_dir, os.environ.get(DATA_DIR_ENV)], args.movies
+            data.name,
+            source,
+            [args.data_dir, os.environ.get(DATA_DIR_ENV)],
+            args.movies,
+            from_file=run.config.data.dataset == "file",
         )
         positions = getattr(run.model.config, "positional_embedding", None)
         if positions is not None:  # the paper's comparison is with and without
@@ -915,7 +920,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--filter-seen",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="default: the dataset policy (on, off for repeat consumption)",
+        help="default: as the run's eval.filter_seen (as seqrec evaluate), but off on the "
+        "paper's repeat-consumption data (files named diginetica*, zvuk*)",
     )
     p.add_argument("--batch-size", type=int, default=256, help="users per chunk")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

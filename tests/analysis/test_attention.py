@@ -113,7 +113,12 @@ def test_an_explicit_movies_file_must_be_a_movies_dat(tmp_path: Path) -> None:
     """Only the search beside the data may find nothing; a named file is used or refused."""
     good = tmp_path / "movies.dat"
     good.write_text("1::X (1)::Horror\n")
-    assert find_movies_file("amazon-beauty", "", [], good) == (good, f"genres from {good}")
+    assert find_movies_file("ml-1m", "", [], good) == (good, f"genres from {good}")
+    # a file of one's own may hold MovieIDs; another registry dataset's ids are no movies
+    assert find_movies_file("ratings.csv", "", [], good, from_file=True)[0] == good
+    found, note = find_movies_file("synthetic", "", [], good)
+    assert found == good
+    assert "this run's items are synthetic's, not ML-1M movies: their ids are read as" in note
     for path, message in [
         (tmp_path / "nope.dat", "does not exist"),
         (tmp_path, "is a directory"),

@@ -4,6 +4,7 @@ that must match ``seqrec evaluate``, and one-line errors."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,26 @@ def test_residual_alpha_one_equals_seqrec_evaluate(residual_out: Path, trained_r
     assert positions["HR@10 at L"] == pytest.approx(result.metrics["HR@10"])
 
 
+def test_residual_ranks_as_the_run_was_evaluated(trained_run: Path, tmp_path: Path) -> None:
+    """A run evaluated with seen items kept (the ML-1M Mamba4Rec configs' choice) was analysed
+    with them filtered, and its alpha = 1 row was not ``seqrec evaluate``'s."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    config = json.loads((run / "config.json").read_text())
+    config["eval"]["filter_seen"] = False
+    (run / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    assert main(["-q", "analyze", "residual", str(run), "--out", str(out), *FAST]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["setting"]["filter_seen"] is False
+    result, _ = evaluate_run(run, device="cpu")  # the run's own protocol
+    at_one = next(row for row in summary["alpha_sweep"] if row["alpha"] == 1.0)
+    assert at_one["NDCG@10"] == result.metrics["NDCG@10"]
+    filtered, _ = evaluate_run(run, overrides={"filter_seen": True}, device="cpu")
+    assert filtered.metrics["NDCG@10"] != result.metrics["NDCG@10"]  # the two protocols differ
+    assert "the run's eval.filter_seen" in (out / "report.md").read_text()
+
+
 def test_alpha_sweep_measures_mixing_and_validation_at_each_alpha(
     residual_out: Path, trained_run: Path
 ) -> None:
@@ -125,7 +146,10 @@ def test_attention_with_genres_writes_heatmaps_and_genre_matrix(
     assert {row["query_genre"] for row in rows} == set(genres)
     assert (out / "fig_attention_heatmaps.png").is_file()
     assert (out / "fig_genre_attention.png").is_file()
-    assert "Genre x genre" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Genre x genre" in report
+    assert "not ML-1M movies: their ids are read as MovieIDs" in report  # synthetic items
+    assert "largest weight is on itself for" in report
     assert "report:" in capsys.readouterr().out
 
 

@@ -22,6 +22,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -41,13 +42,24 @@ Kind = Literal["sum", "agg"]
 KINDS: tuple[Kind, ...] = ("sum", "agg")
 ShuffleMode = Literal["partial", "full"]
 
-# Datasets with repeat consumption, evaluated with seen items kept (paper, Setting).
-REPEAT_CONSUMPTION = frozenset({"diginetica", "zvuk"})
+# Datasets with repeat consumption, evaluated with seen items kept (paper, Setting). Neither
+# is in the dataset registry, so a file of one's own is matched by the start of its name
+# (diginetica.csv, zvuk-2023.parquet).
+REPEAT_CONSUMPTION = ("diginetica", "zvuk")
 
 
-def filter_seen_policy(dataset: str) -> bool:
-    """The paper's per-dataset choice: filter seen items, except on repeat-consumption data."""
-    return dataset.lower() not in REPEAT_CONSUMPTION
+def filter_seen_policy(dataset: str, run_filter_seen: bool = True) -> tuple[bool, str]:
+    """Whether the diagnostics filter seen items, and why: never on the paper's
+    repeat-consumption datasets, as the paper; otherwise as the run's own
+    ``eval.filter_seen``, so that alpha = 1 ranks as ``seqrec evaluate`` does."""
+    name = Path(dataset).name.lower()
+    for paper in REPEAT_CONSUMPTION:
+        if name.startswith(paper):
+            reason = f"the paper keeps seen items on {paper.capitalize()}, repeat consumption"
+            if run_filter_seen:
+                reason += "; `seqrec evaluate` filters them, as the run's eval.filter_seen says"
+            return False, reason
+    return run_filter_seen, "the run's eval.filter_seen, as `seqrec evaluate`"
 
 
 # ----------------------------------------------------------------- 1. HRLI / HRL2I
