@@ -23,6 +23,7 @@ Differences from the reference implementation, all deliberate:
   is the same in eval mode; in training the history's dropout masks differ between steps.
 - The KL term is computed in chunks of positions with activation checkpointing, so the
   (positions, K + 1, N) distributions are never all in memory.
+- The temperature tau defaults to 1.0, where the reference uses 0.07 (``temperature``).
 """
 
 from __future__ import annotations
