@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from seqrec.batch import PAD_ID, SeqBatch
-from seqrec.config import ConfigError
+from seqrec.config import ConfigError, experiment_from_raw
 from seqrec.models import build_model_config
 from seqrec.models.base import with_inference_settings
 from seqrec.models.mamba4rec import Mamba4Rec, Mamba4RecConfig
 from seqrec.nn import selective_scan as scan_module
+from seqrec.training.loop import check_train_config
 from tests.tiny import NUM_ITEMS, L, assert_causal
 
 CONFIG = Mamba4RecConfig(
@@ -251,6 +252,18 @@ def test_cuda_scan_without_the_kernel_fails_at_construction(
         build(scan="cuda")
     with pytest.raises(ConfigError, match="scan: 'triton' is not one of"):
         build_model_config({"name": "mamba4rec", "scan": "triton"}, num_items=NUM_ITEMS)
+
+
+def test_a_scan_for_another_device_is_refused_before_training() -> None:
+    """It failed at the first batch, after the data was prepared."""
+    with pytest.raises(ConfigError, match="'numba' runs on cpu tensors, and this model is on cuda"):
+        dataclasses.replace(CONFIG, scan="numba").check_runnable("cuda")
+    config = experiment_from_raw(
+        {"model": {"name": "mamba4rec", "scan": "cuda"}, "train": {"device": "cpu"}}
+    )
+    with pytest.raises(ConfigError, match="'cuda' runs on cuda tensors, and this model is on cpu"):
+        check_train_config(config)
+    dataclasses.replace(CONFIG, scan="fast").check_runnable("cpu")  # any device
 
 
 def test_the_scan_is_an_inference_setting(monkeypatch: pytest.MonkeyPatch) -> None:

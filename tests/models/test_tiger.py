@@ -87,6 +87,30 @@ def test_batched_beam_search_equals_the_per_user_reference(name: str, exclude_se
     assert torch.equal(fast, slow)
 
 
+def test_codes_no_item_uses_at_the_top_of_the_codebooks_change_nothing() -> None:
+    """The trie's width was its largest code + 1, the log-probabilities' the largest
+    codebook: with the top codes unused (few distinct item embeddings) recommend failed."""
+    torch.manual_seed(0)
+    model = make(codebook_sizes=(6, 6, 2))
+    model.set_semantic_ids(clustered_codes())  # codes below (4, 5, 2): 5 and 4, 5 unused
+    input_ids = histories()
+    fast = model.recommend(input_ids, k=6)
+    assert torch.equal(fast, model.recommend_reference(input_ids, k=6))
+
+
+def test_a_history_without_a_user_reads_the_mean_user_token() -> None:
+    """Not the vocabulary's "unknown user" row, which training never reaches."""
+    model = make()
+    offset, buckets = model.user_offset, model.config.user_buckets
+    with torch.no_grad():
+        model.embedding.weight[offset : offset + buckets] = torch.randn(model.config.hidden_size)
+        model.embedding.weight[offset + buckets] = 100.0  # the untrained row
+    input_ids = histories()
+    anonymous, _ = model.encode(input_ids)
+    known, _ = model.encode(input_ids, users=torch.arange(input_ids.size(0)))
+    torch.testing.assert_close(anonymous, known)  # every bucket is the same vector
+
+
 def test_recommendations_are_real_unseen_items_in_the_trie() -> None:
     torch.manual_seed(1)
     model = make(beam_size=4)

@@ -90,9 +90,10 @@ class ModelConfig:
         (``train.init_from``), or None when it trains from scratch."""
         return None
 
-    def check_runnable(self) -> None:
+    def check_runnable(self, device: str | None = None) -> None:
         """Raise ``ConfigError`` when this machine cannot run the model as configured (an
-        optional kernel it names is not installed); training checks it before reading data."""
+        optional kernel it names is not installed), or not on ``device`` ("cpu", "cuda")
+        when given; training checks it before reading data."""
 
     @property
     def batch_needs(self) -> BatchNeeds:

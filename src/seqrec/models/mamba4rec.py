@@ -104,7 +104,13 @@ class Mamba4RecConfig(ModelConfig):
         super().__post_init__()
         check_float("model.dropout", self.dropout, at_least=0.0, below=1.0)
 
-    def check_runnable(self) -> None:
+    def check_runnable(self, device: str | None = None) -> None:
+        kernel_device = {"numba": "cpu", "cuda": "cuda"}.get(self.scan)
+        if device is not None and kernel_device not in (None, device):
+            raise ConfigError(
+                f"model.scan {self.scan!r} runs on {kernel_device} tensors, and this model is "
+                f"on {device}: use model.scan auto (or set train.device {kernel_device})"
+            )
         try:
             check_scan_impl(self.scan)
         except RuntimeError as err:

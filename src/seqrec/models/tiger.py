@@ -24,7 +24,8 @@ Differences from the paper, all deliberate:
   max_seq_len) items before it; the paper does not say how it samples them.
 - Attention logits are scaled by 1/sqrt(head size) (``seqrec.nn.t5``).
 - The user token is ``user index mod user_buckets`` (the paper hashes raw user ids); a
-  history served without a user gets one extra "unknown user" token. It sits right before
+  history served without a user gets the mean of the user tokens' embeddings (until
+  2026-12-08 an "unknown user" token that training never saw). It sits right before
   the history's first item, after the left padding, so that a history encodes the same
   however wide its batch pads (until 2026-12-07 it sat before the padding).
 - Optimisation (the paper's inverse-square-root schedule from lr 0.01, 200k steps of 256)
@@ -204,7 +205,8 @@ class TIGER(SequentialRecommender):
         codes = self.item_codes
         key = (codes.data_ptr(), codes._version, codes.device)
         if self._trie is None or self._trie[0] != key:
-            self._trie = (key, CodeTrie.build(codes).to(codes.device))
+            trie = CodeTrie.build(codes, vocab_size=self.vocab_size)  # the log-probs' width
+            self._trie = (key, trie.to(codes.device))
         return self._trie[1]
 
     # --- encoder and decoder ----------------------------------------------------------------
@@ -215,11 +217,15 @@ class TIGER(SequentialRecommender):
         tokens = torch.where(codes >= 0, codes + self.level_offsets, PAD_ID)
         return tokens, codes
 
-    def _user_tokens(self, users: Tensor | None, batch_size: int, device: torch.device) -> Tensor:
+    def _user_vectors(self, users: Tensor | None, batch_size: int) -> Tensor:
+        """(B, D) the users' token embeddings; without users, the mean of the trained user
+        tokens (the vocabulary's "unknown user" row is never trained: every training row has
+        its user, so it would condition anonymous histories on its random initial value)."""
         buckets = self.config.user_buckets
         if users is None:
-            return torch.full((batch_size,), self.user_offset + buckets, device=device)
-        return self.user_offset + users.long() % buckets
+            trained = self.embedding.weight[self.user_offset : self.user_offset + buckets]
+            return trained.mean(dim=0).expand(batch_size, -1)
+        return self.embedding(self.user_offset + users.long() % buckets)
 
     def encode(self, input_ids: Tensor, users: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(B, L) left-padded histories -> encoder output (B, T, D) and real-token mask (B, T),
@@ -239,7 +245,7 @@ class TIGER(SequentialRecommender):
             # The user token goes right before the history's first item, not before the
             # padding: its relative position to the items must not depend on how wide the
             # batch pads. One more slot on the left holds it when nothing is padded.
-            user = self.embedding(self._user_tokens(users, B, input_ids.device))  # (B, D)
+            user = self._user_vectors(users, B)  # (B, D)
             x = F.pad(x, (0, 0, 1, 0))
             real = F.pad(real, (1, 0), value=False)
             slot = (~real).sum(dim=1) - 1  # (B,) the last non-item slot

@@ -34,11 +34,12 @@ class CodeTrie:
     vocab_size: int  # V: the largest codebook, the width of ``children`` tables
 
     @classmethod
-    def build(cls, codes: Tensor | np.ndarray) -> CodeTrie:
+    def build(cls, codes: Tensor | np.ndarray, vocab_size: int | None = None) -> CodeTrie:
         """codes: (N + 1, M) item i's code path in row i (row 0, padding, is ignored).
 
         Paths must be unique (semantic IDs append a disambiguation level for that) and codes
-        non-negative.
+        non-negative. ``vocab_size``: the width of the model's per-step log-probabilities,
+        which codes no item uses may leave above the largest code (None: that code + 1).
         """
         paths = np.asarray(codes.cpu() if isinstance(codes, Tensor) else codes)[1:]
         paths = paths.astype(np.int64)
@@ -47,6 +48,9 @@ class CodeTrie:
         if (paths < 0).any():
             raise ValueError("item codes must be non-negative (row 0 is the padding row)")
         num_items, depth_m = paths.shape
+        width = int(paths.max()) + 1
+        if vocab_size is not None and vocab_size < width:
+            raise ValueError(f"code {width - 1} is outside a vocabulary of {vocab_size}")
         if len(np.unique(paths, axis=0)) != num_items:
             raise ValueError(
                 "two items share a code path; semantic IDs need a disambiguation level "
@@ -87,7 +91,7 @@ class CodeTrie:
             leaf_item=as_tensor(leaf_item),
             leaf_count=as_tensor(leaf_count.astype(np.int64)),
             item_path=as_tensor(item_path),
-            vocab_size=int(paths.max()) + 1,
+            vocab_size=width if vocab_size is None else vocab_size,
         )
 
     @property

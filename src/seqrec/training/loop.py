@@ -93,12 +93,12 @@ def check_train_config(config: ExperimentConfig, world_size: int = 1) -> None:
             f"train.monitor {config.train.monitor!r} is not a computed metric; "
             f"valid: {', '.join(names)}"
         )
-    resolve_device(config.train.device)
+    device = resolve_device(config.train.device)
     # The model section too, before any data is read or downloaded: a typo in it should not
     # wait for (or be hidden by) the data. The counts that come from the data are stand-ins
     # here; no model's config check depends on them.
     model_config = build_model_config(config.model, num_items=1, num_users=1)
-    model_config.check_runnable()
+    model_config.check_runnable(device.type)
     reason = model_config.needs_init_from
     if reason is not None and config.train.init_from is None:
         raise ConfigError(f"train.init_from is not set: {reason}; set it to that run")
