@@ -357,6 +357,33 @@ def test_resume_on_data_whose_ids_changed_is_refused(
     assert folder_bytes(run) == before
 
 
+def test_data_with_the_same_ids_but_other_interactions_is_refused(
+    log_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An edited log keeping every user and item evaluated the run on another split (its new
+    test targets were training targets of the run) with no word, and resumed on it."""
+    log = tmp_path / "log.csv"
+    shutil.copy(log_csv, log)
+    config = write_yaml(tmp_path / "c.yaml", {**file_raw(log), "train": {"max_epochs": 1}})
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(run)]) == 0
+    assert main(["evaluate", str(run)]) == 0  # the unchanged file is the run's data
+    frame = pl.read_csv(log, infer_schema=False)
+    reversed_time = (10**9 - pl.col("timestamp").cast(pl.Int64)).cast(pl.String)
+    frame.with_columns(reversed_time.alias("timestamp")).write_csv(log)
+    capsys.readouterr()
+    assert main(["evaluate", str(run)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: the data has the run's users and items but other interactions (the file "
+        "changed since training), so its split would not be the one the run held out: "
+        "evaluate with the data it was trained on"
+    )
+    before = folder_bytes(run)
+    assert main(["train", "--out", str(run), "--resume", "--set", "train.max_epochs=2"]) == 2
+    assert "--resume: the data has the users and items" in capsys.readouterr().err
+    assert folder_bytes(run) == before
+
+
 def test_out_holding_files_a_run_writes_but_no_run_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

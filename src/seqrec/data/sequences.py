@@ -6,6 +6,7 @@ arrays with NumPy indexing; nothing iterates over interactions in Python.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,3 +139,18 @@ class PreparedData:
     def item_counts(self) -> IntArray:
         """(N + 1,) interactions per internal item id in the training part (index 0 unused)."""
         return np.bincount(self.split.train.items, minlength=self.num_items + 1).astype(np.int64)
+
+    def fingerprint(self) -> str:
+        """sha256 of what training and evaluation read: every sequence in order and the
+        split's training rows, held-out users, histories and targets. The same ids with
+        other interactions (an edited log) give another fingerprint."""
+        digest = hashlib.sha256(self.split.protocol.encode())
+        train, valid, test = self.split.train, self.split.valid, self.split.test
+        arrays = [self.sequences.offsets, self.sequences.items, train.offsets, train.items]
+        arrays.append(self.split.train_users)
+        for held_out in (valid, test):
+            arrays += [held_out.users, held_out.histories.offsets, held_out.histories.items]
+            arrays.append(held_out.targets)
+        for array in arrays:
+            digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+        return digest.hexdigest()

@@ -87,7 +87,11 @@ def _resolved(
 ) -> dict[str, Any]:
     resolved = config.to_dict()
     resolved["model"] = model.config.to_dict()
-    resolved["dataset"] = {"name": data.name, "source": data.source}
+    resolved["dataset"] = {
+        "name": data.name,
+        "source": data.source,
+        "fingerprint": data.fingerprint(),
+    }
     resolved["seqrec_version"] = __version__
     # As config.json will read back: tuples become lists, so a resume compares like with like.
     loaded: dict[str, Any] = json.loads(json.dumps(resolved))
@@ -367,13 +371,27 @@ def _holds_a_run(run_dir: Path, resume: bool) -> bool:
 
 def _check_same_ids(run_dir: Path, data: PreparedData) -> None:
     """Refuse to resume on data whose ids differ from the run's id map: its weights belong to
-    the items and users it was started with (the file changed, or its preprocessing)."""
+    the items and users it was started with (the file changed, or its preprocessing); or on
+    other interactions of the same ids, which would train and validate on another split."""
     if data.id_map != IdMap.load(run_dir / ID_MAP):
         raise RunDirError(
             f"--resume: the data no longer matches {run_dir / ID_MAP} (the file or its "
             "preprocessing changed since the run started); resume with the data it was started "
             "on, or start a new --out"
         )
+    if _data_changed(read_config(run_dir), data):
+        raise RunDirError(
+            f"--resume: the data has the users and items {run_dir} was started with but other "
+            "interactions (the file changed since); resume with the data it was started on, "
+            "or start a new --out"
+        )
+
+
+def _data_changed(resolved: dict[str, Any], data: PreparedData) -> bool:
+    """Whether ``data`` differs from what the run's config.json fingerprinted (runs from
+    before fingerprints were recorded cannot tell: False)."""
+    recorded = (resolved.get("dataset") or {}).get("fingerprint")
+    return recorded is not None and recorded != data.fingerprint()
 
 
 def _train_experiment(
@@ -463,6 +481,12 @@ def data_for_run(run: LoadedRun, data_dir: str | Path | None = None) -> Prepared
         raise RunDirError(
             "the prepared data does not match the run's id map (the dataset or its "
             "preprocessing changed since training); evaluate with the data it was trained on"
+        )
+    if _data_changed(run.resolved, data):
+        raise RunDirError(
+            "the data has the run's users and items but other interactions (the file changed "
+            "since training), so its split would not be the one the run held out: evaluate "
+            "with the data it was trained on"
         )
     return data
 
