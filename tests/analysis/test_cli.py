@@ -85,7 +85,8 @@ def test_residual_ranks_as_the_run_was_evaluated(trained_run: Path, tmp_path: Pa
     config["eval"]["filter_seen"] = False
     (run / "config.json").write_text(json.dumps(config))
     out = tmp_path / "out"
-    assert main(["-q", "analyze", "residual", str(run), "--out", str(out), *FAST]) == 0
+    fastest = ["--alphas", "0,1", "--epsilons", "0", "--shuffle-seeds", "0"]
+    assert main(["-q", "analyze", "residual", str(run), "--out", str(out), *fastest]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["setting"]["filter_seen"] is False
     result, _ = evaluate_run(run, device="cpu")  # the run's own protocol
