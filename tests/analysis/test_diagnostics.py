@@ -229,13 +229,16 @@ def test_residual_options_refuse_epsilons_that_are_not_tolerances(
 
 
 def test_filter_seen_policy_follows_the_paper_and_else_the_run() -> None:
-    assert filter_seen_policy("amazon-beauty")[0]
+    assert filter_seen_policy("amazon-beauty") == (
+        True,
+        "the paper's rule: filtered except on repeat-consumption data",
+    )
     assert filter_seen_policy("ml-1m", run_filter_seen=True)[0]
     assert not filter_seen_policy("ml-1m", run_filter_seen=False)[0]  # the Mamba4Rec configs
     # neither is in the registry: the name a prepared file gets is its file name
     for name in ("diginetica", "Zvuk", "diginetica.csv", "zvuk-2023.parquet"):
         assert not filter_seen_policy(name)[0], name
-    assert "`seqrec evaluate` filters them" in filter_seen_policy("diginetica.csv")[1]
+    assert "`seqrec evaluate` filters them" in filter_seen_policy("diginetica.csv", True)[1]
 
 
 def test_split_note_says_which_split_was_used() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from seqrec.cli import main
 from seqrec.config import TrainConfig
+from seqrec.nn import selective_scan
 from seqrec.training.checkpoint import load_run
 from tests.cli.conftest import file_raw
 from tests.cli.helpers import one_error_line, read_jsonl, tiny_raw, write_yaml
@@ -382,6 +383,28 @@ def test_data_with_the_same_ids_but_other_interactions_is_refused(
     assert main(["train", "--out", str(run), "--resume", "--set", "train.max_epochs=2"]) == 2
     assert "--resume: the data has the users and items" in capsys.readouterr().err
     assert folder_bytes(run) == before
+    warm = ["train", "--config", str(config), "--set", f"train.init_from={run}"]
+    assert main([*warm, "--out", str(tmp_path / "warm")]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: train.init_from: {run} was trained on other interactions of these users and "
+        "items (the data changed since)"
+    )
+
+
+def test_a_run_trained_with_a_kernel_missing_here_warm_starts_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source was rebuilt with its own model.scan, which this machine cannot run."""
+    model = {"name": "mamba4rec", "hidden_size": 16, "state_size": 4, "max_seq_len": 20}
+    config = write_yaml(tmp_path / "c.yaml", tiny_raw(model=model, train={"max_epochs": 1}))
+    source = tmp_path / "source"
+    assert main(["train", "--config", str(config), "--out", str(source)]) == 0
+    saved = json.loads((source / "config.json").read_text())
+    saved["model"]["scan"] = "cuda"  # as trained on a GPU with mamba-ssm
+    (source / "config.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(selective_scan, "_mamba_kernel", lambda: None)
+    warm = ["train", "--config", str(config), "--set", f"train.init_from={source}"]
+    assert main([*warm, "--out", str(tmp_path / "warm")]) == 0
 
 
 def test_out_holding_files_a_run_writes_but_no_run_is_refused(

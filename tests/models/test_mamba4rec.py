@@ -11,10 +11,12 @@ import torch.nn.functional as F
 
 from seqrec.batch import PAD_ID, SeqBatch
 from seqrec.config import ConfigError, experiment_from_raw
+from seqrec.data.idmap import IdMap
 from seqrec.models import build_model_config
 from seqrec.models.base import with_inference_settings
 from seqrec.models.mamba4rec import Mamba4Rec, Mamba4RecConfig
 from seqrec.nn import selective_scan as scan_module
+from seqrec.serving.predictor import Predictor
 from seqrec.training.loop import check_train_config
 from tests.tiny import NUM_ITEMS, L, assert_causal
 
@@ -264,6 +266,14 @@ def test_a_scan_for_another_device_is_refused_before_training() -> None:
     with pytest.raises(ConfigError, match="'cuda' runs on cuda tensors, and this model is on cpu"):
         check_train_config(config)
     dataclasses.replace(CONFIG, scan="fast").check_runnable("cpu")  # any device
+    # served: refused when loaded, not by a RuntimeError (a 500) inside the first request
+    id_map = IdMap(users=["u"], items=[str(i) for i in range(1, NUM_ITEMS + 1)])
+    numba_model = Mamba4Rec(dataclasses.replace(CONFIG, scan="numba"))
+    with pytest.raises(ConfigError, match="'numba' runs on cpu tensors, and this model is on cuda"):
+        Predictor(numba_model, id_map, device="cuda")
+    predictor = Predictor(numba_model, id_map)
+    with pytest.raises(ConfigError, match="model.scan 'cuda'"):  # a 400 when served
+        predictor.recommend([["1", "2"]], settings={"scan": "cuda"})
 
 
 def test_the_scan_is_an_inference_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,17 +98,20 @@ def test_codes_no_item_uses_at_the_top_of_the_codebooks_change_nothing() -> None
     assert torch.equal(fast, model.recommend_reference(input_ids, k=6))
 
 
-def test_a_history_without_a_user_reads_the_mean_user_token() -> None:
-    """Not the vocabulary's "unknown user" row, which training never reaches."""
-    model = make()
+@pytest.mark.parametrize("num_users", [0, 2, 100])
+def test_a_history_without_a_user_reads_the_mean_trained_user_token(num_users: int) -> None:
+    """Not the vocabulary's "unknown user" row, nor buckets no user reaches: training never
+    gets to them (num_users 0: the data's count unknown, every bucket)."""
+    model = TIGER(dataclasses.replace(make().config, user_buckets=3, num_users=num_users)).eval()
     offset, buckets = model.user_offset, model.config.user_buckets
+    reached = min(buckets, num_users) if num_users else buckets
     with torch.no_grad():
-        model.embedding.weight[offset : offset + buckets] = torch.randn(model.config.hidden_size)
-        model.embedding.weight[offset + buckets] = 100.0  # the untrained row
+        model.embedding.weight[offset : offset + reached] = torch.randn(model.config.hidden_size)
+        model.embedding.weight[offset + reached : offset + buckets + 1] = 100.0  # untrained
     input_ids = histories()
     anonymous, _ = model.encode(input_ids)
-    known, _ = model.encode(input_ids, users=torch.arange(input_ids.size(0)))
-    torch.testing.assert_close(anonymous, known)  # every bucket is the same vector
+    known, _ = model.encode(input_ids, users=torch.zeros(input_ids.size(0), dtype=torch.long))
+    torch.testing.assert_close(anonymous, known)  # every trained bucket is the same vector
 
 
 def test_recommendations_are_real_unseen_items_in_the_trie() -> None:

@@ -2,9 +2,10 @@
 written as CSV + JSON tables, PNG figures in the paper's layouts and a Markdown report with
 the paper's Table 2/3/4 numbers beside ours.
 
-The protocol is the paper's: full-catalogue ranking, filter-seen as the run was evaluated
-except on the paper's repeat-consumption datasets (``filter_seen_policy``), on whatever split
-the run was trained with. The paper uses the
+The protocol is the paper's (full-catalogue ranking, filter-seen except on the paper's
+repeat-consumption datasets), except that, given the run's own ``eval.filter_seen``, other
+data follow it, so that alpha = 1 ranks as ``seqrec evaluate`` (``filter_seen_policy``); on
+whatever split the run was trained with. The paper uses the
 global temporal split with GTS-Last targets; on data without timestamps the report says
 that leave-one-out was used instead.
 """
@@ -165,7 +166,7 @@ class ResidualOptions:
     hit_ks: tuple[int, ...] = (1, 10)  # K of HRLI@K / HRL2I@K
     k: int = 10  # HR@k / NDCG@k of the sweep, Table 4, q(alpha) and alpha selection
     filter_seen: bool | None = None  # None: filter_seen_policy (with run_filter_seen)
-    run_filter_seen: bool = True  # the run's eval.filter_seen
+    run_filter_seen: bool | None = None  # the run's eval.filter_seen (None: not known)
     batch_size: int = 256  # users per chunk; the mixing pass uses a quarter of it
     recent: int = 15  # heatmaps over the last `recent` positions (authors' RECENT_K)
     device: str = "cpu"

@@ -48,10 +48,11 @@ ShuffleMode = Literal["partial", "full"]
 REPEAT_CONSUMPTION = ("diginetica", "zvuk")
 
 
-def filter_seen_policy(dataset: str, run_filter_seen: bool = True) -> tuple[bool, str]:
+def filter_seen_policy(dataset: str, run_filter_seen: bool | None = None) -> tuple[bool, str]:
     """Whether the diagnostics filter seen items, and why: never on the paper's
     repeat-consumption datasets, as the paper; otherwise as the run's own
-    ``eval.filter_seen``, so that alpha = 1 ranks as ``seqrec evaluate`` does."""
+    ``eval.filter_seen`` when given, so that alpha = 1 ranks as ``seqrec evaluate`` does,
+    else on, as the paper."""
     name = Path(dataset).name.lower()
     for paper in REPEAT_CONSUMPTION:
         if name.startswith(paper):
@@ -59,6 +60,8 @@ def filter_seen_policy(dataset: str, run_filter_seen: bool = True) -> tuple[bool
             if run_filter_seen:
                 reason += "; `seqrec evaluate` filters them, as the run's eval.filter_seen says"
             return False, reason
+    if run_filter_seen is None:
+        return True, "the paper's rule: filtered except on repeat-consumption data"
     return run_filter_seen, "the run's eval.filter_seen, as `seqrec evaluate`"
 
 

@@ -40,6 +40,9 @@ class ModelConfig:
     # Fields that may differ from the config of the run a model is warm-started from
     # (``train.init_from``); every other field must be equal (``warm_start_conflicts``).
     warm_start_free: ClassVar[tuple[str, ...]] = ()
+    # Inference settings that choose how, not what, the model computes (a kernel): a run
+    # trained elsewhere is rebuilt with this machine's choice as a warm start's source too.
+    kernel_settings: ClassVar[tuple[str, ...]] = ()
     # Generative models whose items are semantic IDs: training fits (or loads) them from the
     # experiment's tokenizer section and hands them to ``set_semantic_ids``.
     uses_semantic_ids: ClassVar[bool] = False

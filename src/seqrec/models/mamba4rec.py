@@ -99,6 +99,7 @@ class Mamba4RecConfig(ModelConfig):
     # evaluated or served on a machine without it, and a warm start may change it.
     inference_settings: ClassVar[tuple[str, ...]] = ("scan",)
     warm_start_free: ClassVar[tuple[str, ...]] = ("scan",)
+    kernel_settings: ClassVar[tuple[str, ...]] = ("scan",)
 
     def __post_init__(self) -> None:
         super().__post_init__()

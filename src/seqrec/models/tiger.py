@@ -220,10 +220,12 @@ class TIGER(SequentialRecommender):
     def _user_vectors(self, users: Tensor | None, batch_size: int) -> Tensor:
         """(B, D) the users' token embeddings; without users, the mean of the trained user
         tokens (the vocabulary's "unknown user" row is never trained: every training row has
-        its user, so it would condition anonymous histories on its random initial value)."""
+        its user, so it would condition anonymous histories on its random initial value).
+        With fewer users than buckets only the first num_users buckets are ever trained."""
         buckets = self.config.user_buckets
         if users is None:
-            trained = self.embedding.weight[self.user_offset : self.user_offset + buckets]
+            reached = min(buckets, self.config.num_users) if self.config.num_users else buckets
+            trained = self.embedding.weight[self.user_offset : self.user_offset + reached]
             return trained.mean(dim=0).expand(batch_size, -1)
         return self.embedding(self.user_offset + users.long() % buckets)
 

@@ -57,9 +57,10 @@ class Predictor:
     def __init__(
         self, model: SequentialRecommender, id_map: IdMap, device: str | torch.device = "cpu"
     ) -> None:
+        self.device = torch.device(device)
+        model.config.check_runnable(self.device.type)  # a kernel for another device
         self.model = model.to(device).eval()
         self.id_map = id_map
-        self.device = torch.device(device)
         self.max_seq_len = int(model.config.max_seq_len)
         self._lock = threading.Lock()
         self._config = model.config  # the loaded settings; a call's settings replace them
@@ -123,6 +124,7 @@ class Predictor:
         for history in histories:
             check_history(history)
         config = with_inference_settings(self._config, settings or {})  # ConfigError
+        config.check_runnable(self.device.type)
         known, unknown = self._encode(histories)
         results: list[Recommendation] = []
         rows = [i for i, ids in enumerate(known) if len(ids) > 0]

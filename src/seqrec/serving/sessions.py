@@ -49,16 +49,19 @@ def check_id(what: str, value: object) -> str:
 
 @runtime_checkable
 class RecurrentRecommender(Protocol):
-    """A model whose users' state can be built from a history and extended item by item."""
+    """A model whose users' state can be built from a history and extended item by item.
 
-    @property
-    def state_horizon(self) -> int | None:
-        """The most items a state can hold (None: no limit)."""
-        ...
+    A model whose state cannot grow past some length also has ``state_horizon``, that
+    length (None: no limit); without the attribute there is none."""
 
     def init_state(self, input_ids: Tensor) -> tuple[Any, Tensor]: ...
 
     def step(self, state: Any, item_ids: Tensor) -> tuple[Any, Tensor]: ...
+
+
+def state_horizon(model: RecurrentRecommender) -> int | None:
+    horizon: int | None = getattr(model, "state_horizon", None)
+    return horizon
 
 
 def supports_sessions(predictor: Predictor) -> bool:
@@ -117,7 +120,7 @@ class SessionStore:
             assert isinstance(model, RecurrentRecommender)
             input_ids = torch.from_numpy(ids).unsqueeze(0).to(self.predictor.device)
             state, scores = model.init_state(input_ids)
-            horizon = model.state_horizon
+            horizon = state_horizon(model)
             recent = None if horizon is None else ids[-horizon:].copy()
             session = _Session(state, set(ids.tolist()), recent)
             answer = self._answer(session.seen, scores, k, exclude_seen, unknown)
@@ -144,7 +147,7 @@ class SessionStore:
                 raise UnknownItemError(
                     f"item {item!r} is not in the model's catalogue; session unchanged"
                 )
-            horizon = model.state_horizon
+            horizon = state_horizon(model)
             recent = None if session.recent is None else np.concatenate([session.recent, ids])
             if horizon is not None and recent is not None and len(recent) > horizon:
                 # the state is full: encode the most recent items anew, as recommend reads them

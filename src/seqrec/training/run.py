@@ -209,8 +209,13 @@ def warm_start(model: SequentialRecommender, init_from: str | Path, data: Prepar
     keep their initialisation and are logged.
     """
     try:
-        source = load_run(init_from)
-    except RunDirError as err:
+        # Its weights whatever kernel it was trained with: this model's (a run trained with
+        # the CUDA scan warm-starts one here without it)
+        saved_model = read_config(Path(init_from)).get("model")
+        same_model = isinstance(saved_model, dict) and saved_model.get("name") == model.config.name
+        kernels = type(model.config).kernel_settings if same_model else ()
+        source = load_run(init_from, settings={k: getattr(model.config, k) for k in kernels})
+    except (RunDirError, ConfigError) as err:
         raise ConfigError(f"train.init_from: {err}") from None
     conflicts = warm_start_conflicts(model.config, source.model.config)
     if conflicts:
@@ -224,6 +229,11 @@ def warm_start(model: SequentialRecommender, init_from: str | Path, data: Prepar
     if source.id_map != data.id_map:  # the same users and items, in the same order
         raise ConfigError(
             f"train.init_from: {init_from} was trained on other data (its id map differs)"
+        )
+    if _data_changed(source.resolved, data):  # its training targets may be our test targets
+        raise ConfigError(
+            f"train.init_from: {init_from} was trained on other interactions of these users "
+            "and items (the data changed since)"
         )
     try:
         result = model.load_state_dict(source.model.state_dict(), strict=False)
@@ -552,8 +562,9 @@ def evaluate_run(
     _check_overrides_apply(eval_config, overrides or {})
     check_protocol_fits(eval_config, run.model.config.num_items)  # before the data is read
     with data_parallel(device) as group:
-        data = group.local_main_first(lambda: data_for_run(run, data_dir))
         target = group.device(resolve_device(device, "device"))
+        run.model.config.check_runnable(target.type)  # a kernel for another device
+        data = group.local_main_first(lambda: data_for_run(run, data_dir))
         run.model.to(target)
         result = evaluate_model(
             run.model,
