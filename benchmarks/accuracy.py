@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from common import save_rows, train_and_evaluate
+from common import at_least, run_benchmark, save_rows, train_and_evaluate
 
 # Published numbers, leave-one-out (anchors.md): (protocol, HR@10, NDCG@10, source).
 PUBLISHED: dict[str, list[tuple[str, float, float, str]]] = {
@@ -79,7 +79,9 @@ def main() -> None:
     parser.add_argument("--experiments", nargs="+", default=DEFAULT, choices=sorted(PUBLISHED))
     parser.add_argument("--out", default="runs/accuracy", help="parent of the run directories")
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--max-epochs", type=int, default=None, help="cap epochs (smoke runs)")
+    parser.add_argument(
+        "--max-epochs", type=at_least(1), default=None, help="cap epochs (smoke runs)"
+    )
     parser.add_argument("--set", action="append", default=[], help="override a config key")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -98,4 +100,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

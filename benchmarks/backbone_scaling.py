@@ -41,12 +41,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from common import at_least, child_stdout, run_benchmark
 
 NUM_ITEMS = 3416  # ML-1M after 5-core filtering
 HIDDEN = 64
@@ -309,8 +310,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
 def run_child(spec: dict[str, Any], env: dict[str, str] | None = None) -> Any:
     command = [sys.executable, __file__, "--child", json.dumps(spec)]
     environment = {**os.environ, **(env or {})}
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(child_stdout(command, environment).strip().splitlines()[-1])
 
 
 # glibc: allocations of 64 KiB and more get their own mapping, unmapped when freed.
@@ -383,14 +383,16 @@ def print_scans(scans: list[dict[str, Any]], batch_size: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=None)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per figure")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--lengths", type=at_least(1), nargs="+", default=None)
+    parser.add_argument("--batch-size", type=at_least(1), default=64)
+    parser.add_argument("--repeats", type=at_least(1), default=None, help="timed calls per figure")
+    parser.add_argument(
+        "--threads", type=at_least(1), default=None, help="torch threads (default: all)"
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument(
         "--reference-max-len",
-        type=int,
+        type=at_least(1),
         default=None,
         help="longest length for the sequential reference scan (its backward is O(L^2))",
     )
@@ -483,4 +485,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from common import REPO, save_rows, train_and_evaluate
+from common import REPO, at_least, run_benchmark, save_rows, train_and_evaluate
 
 DATASETS = {"beauty": "Beauty", "video-games": "Games", "ml-1m": "ML-1M"}  # Table III order
 TABLE_III = ["pop", "bpr", "fmc", "fpmc", "transrec", "gru4rec", "gru4rec-plus", "caser"]
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/baselines", help="parent of the run directories")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--quick", action="store_true", help="Beauty only, 2 epochs per model")
-    parser.add_argument("--max-epochs", type=int, default=None, help="cap epochs")
+    parser.add_argument("--max-epochs", type=at_least(1), default=None, help="cap epochs")
     parser.add_argument("--set", action="append", default=[], help="override a config key")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -160,4 +160,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

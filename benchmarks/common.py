@@ -3,21 +3,59 @@ interrupted run), then evaluate its best model on test under the sampled and ful
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
 import os
 import platform
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from seqrec.config import experiment_from_raw, load_raw
-from seqrec.evaluation import evaluate_model
 from seqrec.io import atomic_write_text
-from seqrec.training.run import train_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOLS = ("sampled", "full")
+
+
+def run_benchmark(main: Callable[[], None]) -> None:
+    """Run a benchmark's ``main``: bad input (a config, data or run directory it refuses, a
+    value out of range) is one ``error:`` line and exit status 2, as with the seqrec CLI;
+    ``SEQREC_DEBUG=1`` shows the traceback."""
+    try:
+        main()
+    except (ValueError, KeyError, OSError) as err:  # ConfigError, DataError, RunDirError
+        if os.environ.get("SEQREC_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {err.args[0] if isinstance(err, KeyError) else err}\n")
+        sys.exit(2)
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an int of at least ``minimum`` (argparse names the flag)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
+def child_stdout(command: list[str], env: dict[str, str] | None = None) -> str:
+    """The stdout of a measurement run in a process of its own; when it fails, its own last
+    error line (not "returned non-zero exit status 1") as a ``ValueError``."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        last = lines[-1].removeprefix("error: ") if lines else f"exit status {done.returncode}"
+        raise ValueError(f"a measurement failed: {last}")
+    return done.stdout
 
 
 def train_and_evaluate(
@@ -31,6 +69,11 @@ def train_and_evaluate(
 
     ``filter_seen`` None keeps the config's own policy, which a reproduction follows where the
     paper ranked seen items too (RecBole's sequential models)."""
+    # here, not at the top: the measurement scripts import this module without torch
+    from seqrec.config import experiment_from_raw, load_raw
+    from seqrec.evaluation import evaluate_model
+    from seqrec.training.run import train_experiment
+
     config = experiment_from_raw(load_raw(REPO / "configs" / f"{name}.yaml", overrides))
     run_dir = out / name
     outcome = train_experiment(config, run_dir, data_dir=data_dir, resume=True)
@@ -38,6 +81,7 @@ def train_and_evaluate(
     best = next(row for row in history if row["epoch"] == outcome.fit.best_epoch)
     epoch_seconds = sorted(row["epoch_seconds"] for row in history)
     set_flags = "".join(f" --set {o}" for o in overrides if not o.startswith("train.progress"))
+    data_flag = f" --data-dir {data_dir}" if data_dir else ""
     rows = []
     for protocol in PROTOCOLS:
         # The sampled protocol draws its negatives among unseen items: no policy to follow.
@@ -66,9 +110,9 @@ def train_and_evaluate(
                 "median_epoch_seconds": epoch_seconds[len(epoch_seconds) // 2],
                 "users": result.num_users,
                 "command": (
-                    f"seqrec train --config configs/{name}.yaml{set_flags} --out {run_dir} && "
-                    f"seqrec evaluate {run_dir} --protocol {protocol} "
-                    f"--{'' if filtered else 'no-'}filter-seen"
+                    f"seqrec train --config configs/{name}.yaml{set_flags} --out {run_dir}"
+                    f"{data_flag} && seqrec evaluate {run_dir} --protocol {protocol} "
+                    f"--{'' if filtered else 'no-'}filter-seen{data_flag}"
                 ),
             }
         )

@@ -9,6 +9,8 @@ import argparse
 import tempfile
 import time
 
+from common import at_least, run_benchmark
+
 from seqrec.config import DataConfig
 from seqrec.data.datasets import locate_dataset
 from seqrec.data.prepare import prepare
@@ -19,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--dataset", default="ml-1m")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     args = parser.parse_args()
     located = locate_dataset(args.dataset, args.data_dir, download=False)
     read, built, loaded = [], [], []
@@ -44,4 +46,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -23,6 +23,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from common import at_least, run_benchmark
 
 from seqrec.batch import SeqBatch
 from seqrec.data.batches import TrainBatches
@@ -66,8 +67,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run directories of SASRec-family models")
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--batch-size", type=at_least(1), default=256)
+    parser.add_argument("--batches", type=at_least(1), default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -110,4 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import REPO, machine, save_rows
+from common import REPO, at_least, machine, run_benchmark, save_rows
 
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.batches import left_padded
@@ -72,7 +72,8 @@ def train_row(
         "run_dir": str(run_dir),
         "command": f"seqrec train --config configs/{config_name}.yaml "
         + " ".join(f"--set {o}" for o in overrides)
-        + f" --out {run_dir}",
+        + f" --out {run_dir}"
+        + (f" --data-dir {data_dir}" if data_dir else ""),
     }
 
 
@@ -131,11 +132,17 @@ def main() -> None:
     parser.add_argument("--budget-minutes", type=float, default=60.0, help="per model")
     parser.add_argument("--size", choices=["cpu", "paper"], default="cpu")
     parser.add_argument("--tokenizer", choices=["rqkmeans", "rqvae"], default="rqkmeans")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
-    parser.add_argument("--decode-users", type=int, default=256)
-    parser.add_argument("--reference-users", type=int, default=256)
-    parser.add_argument("--quick", action="store_true", help="Beauty only, 3-minute budgets")
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch threads per run")
+    parser.add_argument("--decode-users", type=at_least(1), default=256)
+    parser.add_argument("--reference-users", type=at_least(1), default=256)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="Beauty only, 3-minute budgets, 64 and 16 decoded users (replacing those flags)",
+    )
     args = parser.parse_args()
+    if not args.budget_minutes > 0:
+        parser.error(f"argument --budget-minutes: must be > 0, got {args.budget_minutes}")
     if args.quick:
         args.datasets, args.budget_minutes = ["beauty"], 3.0
         args.decode_users, args.reference_users = 64, 16
@@ -214,4 +221,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

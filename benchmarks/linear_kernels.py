@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from common import at_least, run_benchmark
 from torch import Tensor
 
 from seqrec.nn.linear import onednn_product
@@ -58,8 +59,8 @@ def gflops(run: Callable[[], Tensor], flops: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--rounds", type=at_least(1), default=30)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}; GFLOP/s best / median of {args.rounds} rounds")
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backbone_scaling import MODELS, model_and_batch, train_step
+from common import at_least, run_benchmark
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -33,9 +34,9 @@ def resident_mib() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=list(MODELS))
-    parser.add_argument("length", type=int)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("length", type=at_least(1))
+    parser.add_argument("--batch-size", type=at_least(1), default=64)
+    parser.add_argument("--threads", type=at_least(1), default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     train_step(*model_and_batch(args.model, 16, args.batch_size, "cpu"))  # loads the kernels
@@ -81,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

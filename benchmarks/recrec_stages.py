@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import at_least, run_benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from seqrec.config import experiment_from_raw, load_raw
@@ -100,9 +101,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=["beauty"], choices=["beauty", "ml-1m"])
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per stage")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
-    parser.add_argument("--parts", type=int, default=8, help="train.batch_parts")
+    parser.add_argument(
+        "--steps", type=at_least(1), default=30, help="timed optimizer steps per stage"
+    )
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps before them")
+    parser.add_argument("--parts", type=at_least(1), default=8, help="train.batch_parts")
     parser.add_argument(
         "--set",
         action="append",
@@ -110,7 +113,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override for both stages, e.g. train.precision=bf16 (repeatable)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch threads")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -135,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

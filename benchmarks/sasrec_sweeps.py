@@ -34,7 +34,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from common import save_rows, train_and_evaluate
+from common import at_least, run_benchmark, save_rows, train_and_evaluate
 
 from seqrec.analysis.figures import matplotlib_missing, sweep_lines
 
@@ -111,11 +111,15 @@ def table(rows: list[dict[str, Any]], sweep: str, keys: list[tuple[int, int]]) -
     return "\n".join(lines)
 
 
-def figures(rows: list[dict[str, Any]], keys: dict[str, list[tuple[int, int]]], out: Path) -> None:
+def figures(
+    rows: list[dict[str, Any]], keys: dict[str, list[tuple[int, int]]], out: Path
+) -> list[Path]:
+    """The sweeps' PNGs, written into ``out``."""
     missing = matplotlib_missing()
     if missing:
         logging.warning("%s", missing)
-        return
+        return []
+    written: list[Path] = []
     sampled = {(r["d"], r["n"]): r for r in rows if r["protocol"] == "sampled"}
     full = {(r["d"], r["n"]): r for r in rows if r["protocol"] == "full"}
     for sweep, label in (("d", "hidden size d"), ("n", "maximum length n")):
@@ -148,20 +152,28 @@ def figures(rows: list[dict[str, Any]], keys: dict[str, list[tuple[int, int]]], 
             f"training time vs {label}",
             out / f"sweep_{sweep}_time.png",
         )
+        written += [out / f"sweep_{sweep}.png", out / f"sweep_{sweep}_time.png"]
+    return written
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/sweeps", help="parent of the run directories")
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--quick", action="store_true", help="3 points, 2 epochs each")
-    parser.add_argument("--max-epochs", type=int, default=None, help="cap epochs")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 points, 2 epochs each (not --dims, --lengths)"
+    )
+    parser.add_argument("--max-epochs", type=at_least(1), default=None, help="cap epochs")
     parser.add_argument("--set", action="append", default=[], help="override a config key")
     parser.add_argument(
-        "--dims", type=int, nargs="*", default=None, help=f"d values to train (default {DIMS})"
+        "--dims",
+        type=at_least(1),
+        nargs="*",
+        default=None,
+        help=f"d values to train (default {DIMS})",
     )
     parser.add_argument(
-        "--lengths", type=int, nargs="*", default=None, help=f"n values (default {LENGTHS})"
+        "--lengths", type=at_least(1), nargs="*", default=None, help=f"n values (default {LENGTHS})"
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -180,17 +192,24 @@ def main() -> None:
             save_rows(merged_rows(rows_path, rows), rows_path)
     rows = merged_rows(rows_path, rows)
     done = {(r["d"], r["n"]) for r in rows}
-    keys = {
-        sweep: [(d, n) for s, d, n in points(args.quick) if s == sweep and (d, n) in done]
-        for sweep in ("d", "n")
-    }
+    if args.quick:
+        keys = {
+            sweep: [(d, n) for s, d, n in points(True) if s == sweep and (d, n) in done]
+            for sweep in ("d", "n")
+        }
+    else:  # every point trained, by this process or an earlier one, on either axis
+        keys = {
+            "d": sorted(k for k in done if k[1] == DEFAULT_N),
+            "n": sorted((k for k in done if k[0] == DEFAULT_D), key=lambda k: k[1]),
+        }
     print("\n## NDCG@10 vs hidden size d (SASRec paper Fig. 2), test\n")
     print(table(rows, "d", keys["d"]))
     print("\n## NDCG@10 and training time vs maximum length n (SASRec paper Table V), test\n")
     print(table(rows, "n", keys["n"]))
-    figures(rows, keys, out)
-    print(f"\nrows: {out / 'sweeps.json'}; figures: {out}/sweep_*.png")
+    written = figures(rows, keys, out)
+    shown = ", ".join(str(path) for path in written) or "none"
+    print(f"\nrows: {out / 'sweeps.json'}; figures: {shown}")
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

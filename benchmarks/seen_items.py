@@ -14,6 +14,7 @@ import argparse
 
 import numpy as np
 import torch
+from common import at_least, run_benchmark
 from torch import Tensor
 
 from seqrec.analysis.hooks import padded_batches
@@ -66,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run directories of scoring models")
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=at_least(1), default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
@@ -87,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import at_least, run_benchmark
 
 from seqrec.config import load_raw
 from seqrec.data.idmap import IdMap
@@ -109,9 +110,9 @@ def measure(name: str, lengths: list[int], requests: int) -> list[dict[str, Any]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[50, 200])
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--lengths", type=at_least(1), nargs="+", default=[50, 200])
+    parser.add_argument("--requests", type=at_least(1), default=300)
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch threads")
     parser.add_argument("--out", type=Path, default=Path("runs/serving.json"))
     args = parser.parse_args()
     if args.threads is not None:
@@ -130,4 +131,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -27,13 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from common import describe_machine, machine
+from common import at_least, child_stdout, describe_machine, machine, run_benchmark
+
+from seqrec.io import standard_json
 
 REPO = Path(__file__).resolve().parents[1]
 # The model sections of the shipped configs: the paper's ML-1M settings (BCE, one negative),
@@ -131,24 +132,27 @@ def main() -> None:
     parser.add_argument("--batching", nargs="+", default=list(BATCHING), choices=list(BATCHING))
     parser.add_argument(
         "--parts",
-        type=int,
+        type=at_least(1),
         nargs="+",
         default=[1, 4],
         help="train.batch_parts values measured with random batches",
     )
     parser.add_argument(
         "--epochs",
-        type=int,
+        type=at_least(0),
         default=3,
         help="epochs per variant (1st is warm-up; 0: evaluation only)",
     )
     parser.add_argument(
-        "--eval-batch-size", type=int, default=None, help="users per evaluation chunk"
+        "--eval-batch-size", type=at_least(1), default=None, help="users per evaluation chunk"
     )
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=at_least(1), default=None)
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="users per batch (default: each config's)"
+        "--batch-size",
+        type=at_least(1),
+        default=None,
+        help="users per batch (default: each config's)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -179,9 +183,9 @@ def main() -> None:
                 command += ["--batch-size", str(args.batch_size)]
             if args.eval_batch_size:
                 command += ["--eval-batch-size", str(args.eval_batch_size)]
-            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            out = child_stdout(command)
             rows.append({**json.loads(out.strip().splitlines()[-1]), "machine": on})
-            print(json.dumps(rows[-1]), flush=True)
+            print(json.dumps(standard_json(rows[-1])), flush=True)  # NaN: null
     print(
         "\nML-1M, "
         + ", ".join(f"{name}: configs/{VARIANTS[name]}.yaml" for name in args.variants)
@@ -205,4 +209,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

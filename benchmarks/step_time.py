@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine
+from common import at_least, machine, run_benchmark
 
 from seqrec.config import experiment_from_raw, load_raw
 from seqrec.data.prepare import prepare
@@ -35,9 +35,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--steps", type=at_least(1), default=10, help="timed optimizer steps")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps before them")
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch threads")
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0:
@@ -75,4 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)
