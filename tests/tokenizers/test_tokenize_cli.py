@@ -10,8 +10,9 @@ import pytest
 
 from seqrec.cli import main
 from seqrec.config import ConfigError, TokenizerConfig
+from seqrec.data.schema import DataError
 from seqrec.data.sequences import PreparedData
-from seqrec.tokenizers import SemanticIds, load_tokenizer
+from seqrec.tokenizers import RQKMeans, SemanticIds, load_tokenizer
 from seqrec.training.item_embeddings import collaborative_embeddings
 from seqrec.training.semantic_ids import fit_semantic_ids
 from tests.cli.helpers import tiny_raw, train_isolated
@@ -48,6 +49,12 @@ def test_tokenize_writes_the_artifact_and_prints_the_report(
     assert len({tuple(row) for row in ids.codes[1:].tolist()}) == 7  # unique paths
     tokenizer = load_tokenizer(out / "tokenizer.pt")
     assert tokenizer.method == "rqkmeans"
+    # a tokenizer written over this one, the IDs not (a second tokenize cut short)
+    other = out / "other.pt"
+    RQKMeans(codebook_size=2, num_levels=1).fit(np.eye(4, dtype=np.float32)).save(other)
+    other.replace(out / "tokenizer.pt")
+    with pytest.raises(DataError, match="is not the tokenizer of the semantic IDs beside it"):
+        load_tokenizer(out / "tokenizer.pt")
 
 
 def test_tokenize_bad_config_is_one_error_line(

@@ -145,7 +145,9 @@ class SemanticIds:
             **{k: v for k, v in self.info.items() if k != "config"},
         }
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, folder: str | Path, tokenizer_sha256: str | None = None) -> None:
+        """Codes, then the metadata that records their sha256 (and that of the tokenizer
+        saved beside them, when given: ``load_tokenizer`` checks it)."""
         folder = Path(folder)
 
         def write(tmp: Path) -> None:
@@ -160,6 +162,8 @@ class SemanticIds:
             "info": self.info,
             "codes_sha256": hashlib.sha256((folder / CODES_FILE).read_bytes()).hexdigest(),
         }
+        if tokenizer_sha256 is not None:
+            meta["tokenizer_sha256"] = tokenizer_sha256
         atomic_write_text(folder / META_FILE, json.dumps(meta))
 
     @classmethod
@@ -228,9 +232,23 @@ def build_tokenizer(config: TokenizerConfig, input_dim: int) -> Tokenizer:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A tokeniser saved by ``save`` (RQ-KMeans or RQ-VAE)."""
+    """A tokeniser saved by ``save`` (RQ-KMeans or RQ-VAE). Beside semantic IDs whose
+    metadata records the tokenizer's sha256, the file must match it (a rewrite of the folder
+    cut short would leave a new tokenizer beside the old IDs)."""
     import torch
 
+    path = Path(path)
+    meta_path = path.parent / META_FILE
+    if meta_path.is_file():
+        try:
+            recorded = json.loads(meta_path.read_text()).get("tokenizer_sha256")
+        except (OSError, ValueError, AttributeError):
+            recorded = None  # damaged IDs are SemanticIds.load's to report
+        if recorded is not None and hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+            raise DataError(
+                f"{path} is not the tokenizer of the semantic IDs beside it ({META_FILE} "
+                "records another): tokenize again"
+            )
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("method") == RQKMeans.method:
         return RQKMeans.from_state(state)

@@ -9,6 +9,7 @@ fit measured); the model also holds the codes as a buffer, so a checkpoint alone
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -101,14 +102,19 @@ class RunSemanticIds:
 
     def save_to(self, folder: Path) -> None:
         """Write the tokenizer (when there is one) and the IDs into ``folder``, each file
-        atomically. The IDs' metadata goes last and records the sha256 of their codes, so a
-        rewrite of the IDs cut short loads as damaged, never as old metadata over new codes."""
+        atomically. The IDs' metadata goes last and records the sha256 of their codes and of
+        the tokenizer, so a rewrite cut short loads as damaged, never as a mix of old and new
+        files (``SemanticIds.load``, ``load_tokenizer``)."""
+        target = folder / TOKENIZER_FILE
+        digest = None
         if self.tokenizer is not None:
-            self.tokenizer.save(folder / TOKENIZER_FILE)
+            self.tokenizer.save(target)
+            digest = hashlib.sha256(target.read_bytes()).hexdigest()
         elif self.loaded_from is not None and (self.loaded_from / TOKENIZER_FILE).is_file():
             data = (self.loaded_from / TOKENIZER_FILE).read_bytes()
-            atomic_write_bytes(folder / TOKENIZER_FILE, data)
-        self.ids.save(folder)
+            atomic_write_bytes(target, data)
+            digest = hashlib.sha256(data).hexdigest()
+        self.ids.save(folder, tokenizer_sha256=digest)
 
 
 def semantic_ids_for_run(
