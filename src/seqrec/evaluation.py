@@ -29,7 +29,12 @@ from seqrec.data.idmap import IdMap
 from seqrec.data.sequences import EvalSet, PreparedData, Sequences
 from seqrec.io import atomic_path, written_in_place
 from seqrec.metrics import all_metrics, mean_and_ci, rank_in_topk, rank_of_target
-from seqrec.models.base import ScoringRecommender, SequentialRecommender, check_output_shape
+from seqrec.models.base import (
+    ScoringRecommender,
+    SequentialRecommender,
+    check_output_shape,
+    top_items_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -230,8 +235,7 @@ def _generative_ranks(
 ) -> Tensor:
     """(B,) 0-based rank of each target inside the model's top max(ks); max(ks) if absent."""
     K = max(config.ks)
-    topk = model.recommend(input_ids, K, config.filter_seen, users)
-    check_output_shape(model, "recommend", topk, (len(targets), K), "(B, k), padded with 0")
+    topk = top_items_of(model, input_ids, K, config.filter_seen, users)
     return rank_in_topk(topk.cpu(), targets, missing=K)
 
 

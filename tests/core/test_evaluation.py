@@ -450,6 +450,30 @@ class TopByWeight(ListingModel):
         return torch.nn.functional.pad(items, (0, k - N))
 
 
+class PlainTopK(ListingModel):
+    """A top-k written to the contract: k never beyond the catalogue, so no padding to it."""
+
+    def recommend(
+        self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
+    ) -> Tensor:
+        assert k <= N
+        scores = WEIGHTS.unsqueeze(0).repeat(input_ids.size(0), 1)
+        scores[:, 0] = float("-inf")
+        if exclude_seen:
+            scores = scores.scatter(1, input_ids, float("-inf"))
+        top = scores.topk(k, dim=1)
+        return top.indices.masked_fill(top.values == float("-inf"), 0)
+
+
+def test_a_list_model_is_never_asked_for_more_items_than_the_catalogue() -> None:
+    """A k beyond it (eval.ks, recommend -k, a request) reached the model's own top-k, which
+    failed; the list is padded to k instead."""
+    config = EvalConfig(ks=(1, N + 5))
+    plain = evaluate(PlainTopK(), EVAL_SET, config, all_sequences=ALL, num_items=N)
+    padded = evaluate(TopByWeight(), EVAL_SET, config, all_sequences=ALL, num_items=N)
+    assert plain.ranks.tolist() == padded.ranks.tolist()
+
+
 def test_filter_seen_removes_the_whole_history_from_a_generative_list() -> None:
     """User 2's history (6 items) is longer than max_seq_len (4): items 2 and 3 were once left
     in the list, which put the target (item 1, the worst) at rank 5 instead of 3."""

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from seqrec.config import DataConfig
+from seqrec.config import DataConfig, warn_once
 from seqrec.data import digests as digests_module
 from seqrec.data import prepare as prepare_module
 from seqrec.data.info import describe, format_info
@@ -95,6 +95,22 @@ def test_min_rating_and_dedupe_and_keep_last(tmp_path: Path) -> None:
     assert rows(prepare(config, use_cache=False)) == [["a", "b", "a"], ["a", "b", "c"]]
 
 
+def test_a_warning_of_preparing_is_repeated_by_every_cache_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unread time column was warned of once; later commands loaded the cache and trained
+    on the file order without a word."""
+    warn_once.cache_clear()
+    config = csv_config(write_csv(tmp_path), timestamp_column=None)
+    warning = "the table has a column 'ts' but data.timestamp_column is not set"
+    for _ in range(2):  # built, then loaded
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            prepare(config, cache_dir=tmp_path / "cache")
+        assert [r.getMessage() for r in caplog.records if warning in r.getMessage()], caplog.text
+    assert "loaded prepared log.csv" in caplog.text  # the second time, from the cache
+
+
 def test_filter_that_empties_the_data_names_the_step(tmp_path: Path) -> None:
     config = csv_config(write_csv(tmp_path), min_rating=6.0)
     with pytest.raises(DataError, match=r"'implicit' removed every interaction.*min_rating=6"):
@@ -162,6 +178,11 @@ def test_cache_key_follows_config_and_file(tmp_path: Path) -> None:
     changed = prepare(csv_config(path), cache_dir=cache)
     assert len(cache_entries(cache)) == 3
     assert changed.id_map.users == ["u1", "u2", "u3"]
+    # the same file named another way (train stores it absolute, a user may not)
+    relative = os.path.relpath(path)
+    for written in (relative, f"./{relative}", str(path.resolve())):
+        prepare(csv_config(Path(written)), cache_dir=cache)
+    assert len(cache_entries(cache)) == 3
 
 
 def test_a_rewrite_keeping_size_and_mtime_is_prepared_anew(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ import hashlib
 import json
 import logging
 import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,23 +81,24 @@ def prepare(
             logger.info("loaded prepared %s from %s", source.name, entry)
             return cached
 
-    df = read_source(source, config)
-    preprocess.log_counts("read", df)
-    _check_published_counts(config.dataset, source, df)
-    df = preprocess.implicit(df, config.min_rating)
-    df = preprocess.sort_by_time(df)
-    df = preprocess.k_core(df, config.min_user_interactions, config.min_item_interactions)
-    if config.dedupe_consecutive:
-        df = preprocess.dedupe_consecutive(df)
-    if config.max_history is not None:
-        df = preprocess.keep_last(df, config.max_history)
-    df, id_map = preprocess.remap(df)
-    sequences, timestamps = to_sequences(df, len(id_map.users))
-    split = make_split(config.split, sequences, timestamps, config.temporal_quantile)
+    with _warnings_logged() as warnings:
+        df = read_source(source, config)
+        preprocess.log_counts("read", df)
+        _check_published_counts(config.dataset, source, df)
+        df = preprocess.implicit(df, config.min_rating)
+        df = preprocess.sort_by_time(df)
+        df = preprocess.k_core(df, config.min_user_interactions, config.min_item_interactions)
+        if config.dedupe_consecutive:
+            df = preprocess.dedupe_consecutive(df)
+        if config.max_history is not None:
+            df = preprocess.keep_last(df, config.max_history)
+        df, id_map = preprocess.remap(df)
+        sequences, timestamps = to_sequences(df, len(id_map.users))
+        split = make_split(config.split, sequences, timestamps, config.temporal_quantile)
     prepared = PreparedData(source.name, source.location, sequences, timestamps, id_map, split)
 
     if use_cache:
-        save_prepared(prepared, entry)
+        save_prepared(prepared, entry, warnings)
         logger.info("cached prepared %s in %s", source.name, entry)
     return prepared
 
@@ -173,6 +176,9 @@ def _shards_identity(folder: Path, digests: Path | None) -> dict[str, Any]:
 def cache_key(config: DataConfig, source: Source) -> str:
     """A hash of the source identity and every config field that can change the result."""
     fields = dataclasses.asdict(config)
+    # The file is the source's identity (its resolved path and bytes), not the path as
+    # written: log.csv, ./log.csv and its absolute path share an entry.
+    fields.pop("path")
     if source.path is not None:  # the generator's settings only matter to generated data
         for name in SYNTHETIC_FIELDS:
             fields.pop(name)
@@ -224,9 +230,29 @@ def _arrays(prepared: PreparedData) -> dict[str, np.ndarray[Any, Any]]:
     return arrays
 
 
-def save_prepared(prepared: PreparedData, folder: Path) -> None:
+@contextmanager
+def _warnings_logged() -> Iterator[list[str]]:
+    """The warnings seqrec's loggers give meanwhile (an unread time column, counts that are not
+    the published ones), kept with the cache entry: every later load repeats them."""
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    package = logging.getLogger("seqrec")
+    package.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        package.removeHandler(handler)
+
+
+def save_prepared(prepared: PreparedData, folder: Path, warnings: Sequence[str] = ()) -> None:
     """Write the cache entry, published whole (``atomic_folder``): processes that prepare the
     same entry at once each build it and the first to finish wins; a damaged entry is replaced.
+    ``warnings``: what preparing it warned of, said again by every load.
     """
     arrays = _arrays(prepared)
     with atomic_folder(folder, keep_existing=_is_sound) as staging:
@@ -240,6 +266,7 @@ def save_prepared(prepared: PreparedData, folder: Path) -> None:
             "protocol": prepared.split.protocol,
             "data_sha256": sha256_file(staging / "data.npz"),
             "idmap_sha256": sha256_file(staging / "idmap.json"),
+            "warnings": list(warnings),
         }
         (staging / "meta.json").write_text(json.dumps(meta, indent=1))
 
@@ -249,10 +276,14 @@ def load_prepared(folder: Path) -> PreparedData | None:
     if not (folder / "meta.json").is_file():
         return None
     try:
-        return _load_entry(folder)
+        prepared = _load_entry(folder)
+        warnings = json.loads((folder / "meta.json").read_text()).get("warnings", [])
     except _DAMAGE as err:
         logger.warning("prepared-data cache %s is damaged (%s); rebuilding it", folder, err)
         return None
+    for message in warnings:
+        logger.warning("%s", message)
+    return prepared
 
 
 # What reading a damaged or half-replaced entry raises.

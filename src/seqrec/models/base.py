@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqrec.batch import PAD_ID, BatchNeeds, ModelOutput, SeqBatch
@@ -152,10 +153,12 @@ class SequentialRecommender(nn.Module, ABC):
     def recommend(
         self, input_ids: Tensor, k: int, exclude_seen: bool = True, users: Tensor | None = None
     ) -> Tensor:
-        """(B, L) left-padded histories -> (B, k) item ids, best first; never PAD_ID.
+        """(B, L) left-padded histories -> (B, k) item ids, best first.
 
         L may exceed max_seq_len (evaluation with filter-seen, serving): a model reads the last
-        max_seq_len items, and ``exclude_seen`` excludes every item it is given."""
+        max_seq_len items, and ``exclude_seen`` excludes every item it is given. k is at most
+        the catalogue (``top_items_of`` asks for no more); a row with fewer than k items to
+        recommend (every other one seen, or no valid path) ends in PAD_ID."""
 
     @property
     def batch_needs(self) -> BatchNeeds:
@@ -211,6 +214,22 @@ def check_output_shape(
             f"users; it must return {rule} = {shape}"
         )
     return out
+
+
+def top_items_of(
+    model: SequentialRecommender,
+    input_ids: Tensor,
+    k: int,
+    exclude_seen: bool,
+    users: Tensor | None = None,
+) -> Tensor:
+    """``model.recommend``, (B, k) padded with PAD_ID: it is asked for at most the catalogue
+    (a k beyond it, from a user or eval.ks, would otherwise reach a model's own top-k)."""
+    asked = min(k, model.config.num_items)
+    top = model.recommend(input_ids, asked, exclude_seen, users)
+    rule = "(B, k), padded with 0"
+    check_output_shape(model, "recommend", top, (input_ids.size(0), asked), rule)
+    return F.pad(top, (0, k - asked), value=PAD_ID)
 
 
 def register_model(cls: M) -> M:

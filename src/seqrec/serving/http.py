@@ -217,7 +217,8 @@ def _add_session_routes(app: FastAPI, predictor: Predictor, store: SessionStore 
             raise HTTPException(
                 status_code=400,
                 detail=f"{predictor.model.config.name} keeps no state per session (models that"
-                " do: gru4rec, mamba4rec); POST the whole history to /recommend",
+                " do, with init_state and step: gru4rec, mamba4rec); POST the whole history to "
+                "/recommend",
             )
         return store
 

@@ -22,6 +22,7 @@ from seqrec.models.base import (
     ScoringRecommender,
     SequentialRecommender,
     check_output_shape,
+    top_items_of,
     with_inference_settings,
 )
 from seqrec.training.checkpoint import load_run
@@ -156,8 +157,7 @@ class Predictor:
         input_ids = input_ids.to(self.device)
         rows, model = len(histories), self.model
         if not isinstance(model, ScoringRecommender):
-            top = model.recommend(input_ids, k, exclude_seen).cpu()
-            check_output_shape(model, "recommend", top, (rows, k), "(B, k), padded with 0")
+            top = top_items_of(model, input_ids, k, exclude_seen).cpu()
             return [([i for i in row.tolist() if i != PAD_ID], None) for row in top]
         scores = model.score(input_ids).float().cpu()
         check_output_shape(model, "score", scores, (rows, model.config.num_items + 1), "(B, N + 1)")

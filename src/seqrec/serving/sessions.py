@@ -83,7 +83,7 @@ class SessionStore:
         if not supports_sessions(predictor):
             raise ValueError(
                 f"{predictor.model.config.name} has no recurrent state to keep per session "
-                "(models with one: gru4rec, mamba4rec)"
+                "(models with one, with init_state and step: gru4rec, mamba4rec)"
             )
         if isinstance(capacity, bool) or not isinstance(capacity, int):
             raise TypeError(f"session capacity must be an int, got {capacity!r}")
