@@ -1110,5 +1110,19 @@ def _stdout_reader_gone() -> bool:
         return False
 
 
+def entry() -> None:
+    """The ``seqrec`` command (and ``python -m seqrec.cli``): ``main``'s status as the exit
+    status. Under torchrun a process leaves without the interpreter's finalisation: gloo's
+    threads were seen to abort a rank there ("terminate called without an active
+    exception", exit -6) after its run had finished, left the group and written everything,
+    which torchrun then reported as a failed run."""
+    status = main()
+    if launched_world_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
