@@ -2,10 +2,10 @@
 written as CSV + JSON tables, PNG figures in the paper's layouts and a Markdown report with
 the paper's Table 2/3/4 numbers beside ours.
 
-The protocol is the paper's (full-catalogue ranking, filter-seen except on the paper's
-repeat-consumption datasets), except that, given the run's own ``eval.filter_seen``, other
-data follow it, so that alpha = 1 ranks as ``seqrec evaluate`` (``filter_seen_policy``); on
-whatever split the run was trained with. The paper uses the
+The protocol is the paper's: full-catalogue ranking, seen items filtered except on the
+paper's repeat-consumption datasets. Given the run's own ``eval.filter_seen`` (the CLI gives
+it), other datasets follow it instead, so that alpha = 1 ranks as ``seqrec evaluate``
+(``filter_seen_policy``). It runs on whatever split the run was trained with. The paper uses the
 global temporal split with GTS-Last targets; on data without timestamps the report says
 that leave-one-out was used instead.
 """

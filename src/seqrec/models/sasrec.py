@@ -111,7 +111,7 @@ class SASRecConfig(ItemLossConfig):
     qkv_init: Literal["xavier_uniform"] | None = None
     positional_embedding: bool = True
     # "learned": a trained P (the paper's choice); "sinusoidal": the fixed sin/cos encodings
-    # of Vaswani et al., which the paper tried and found worse (Sec. III-B)
+    # of Vaswani et al., which the paper tried and found worse
     position_encoding: Literal["learned", "sinusoidal"] = "learned"
     shared_embedding: bool = True  # False: a second item matrix N scores the output
     residual: bool = True
