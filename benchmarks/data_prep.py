@@ -38,7 +38,8 @@ def main() -> None:
             loaded.append(time.perf_counter() - start)
     print(
         f"{args.dataset} from {located.path}: {frame.height:,} rows read; prepared "
-        f"{data.num_users:,} users / {data.num_items:,} items / {len(data.sequences.items):,}"
+        f"{data.num_users:,} users / {data.num_items:,} items / "
+        f"{len(data.sequences.items):,} interactions"
     )
     print(f"read the file          {min(read):.3f} s (best of {args.repeats})")
     print(f"prepare from scratch   {min(built):.3f} s")
