@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -140,10 +141,12 @@ class PreparedData:
         """(N + 1,) interactions per internal item id in the training part (index 0 unused)."""
         return np.bincount(self.split.train.items, minlength=self.num_items + 1).astype(np.int64)
 
+    @cached_property
     def fingerprint(self) -> str:
         """sha256 of what training and evaluation read: every sequence in order and the
         split's training rows, held-out users, histories and targets. The same ids with
-        other interactions (an edited log) give another fingerprint."""
+        other interactions (an edited log) give another fingerprint. Computed once: a run
+        records it and its resume, warm start and evaluation compare with it."""
         digest = hashlib.sha256(self.split.protocol.encode())
         train, valid, test = self.split.train, self.split.valid, self.split.test
         arrays = [self.sequences.offsets, self.sequences.items, train.offsets, train.items]

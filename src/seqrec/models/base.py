@@ -270,9 +270,10 @@ def build_model(config: ModelConfig) -> SequentialRecommender:
     return MODELS.get(config.name)(config)
 
 
-def with_inference_settings(config: C, settings: Mapping[str, Any]) -> C:
+def with_inference_settings(config: C, settings: Mapping[str, Any], device: str | None = None) -> C:
     """``config`` with some of its declared inference settings replaced, validated as when
-    it was built; any other field is an error (changing it would need retraining)."""
+    it was built and runnable (on ``device``, "cpu" or "cuda", when given); any other field
+    is an error (changing it would need retraining)."""
     if not isinstance(settings, Mapping):
         raise ConfigError(
             f"inference settings must be a mapping of name to value (e.g. {{'depth': 2}}), "
@@ -289,7 +290,7 @@ def with_inference_settings(config: C, settings: Mapping[str, Any]) -> C:
             f"inference settings of {config.name!r}: {valid}"
         )
     changed = replace_checked(config, settings, "model")
-    changed.check_runnable()
+    changed.check_runnable(device)
     return changed
 
 

@@ -124,8 +124,8 @@ class Predictor:
         histories = list(histories)  # str is refused below, not split into characters
         for history in histories:
             check_history(history)
-        config = with_inference_settings(self._config, settings or {})  # ConfigError
-        config.check_runnable(self.device.type)
+        # ConfigError; the loaded config itself was checked for the device in __init__
+        config = with_inference_settings(self._config, settings or {}, self.device.type)
         known, unknown = self._encode(histories)
         results: list[Recommendation] = []
         rows = [i for i, ids in enumerate(known) if len(ids) > 0]

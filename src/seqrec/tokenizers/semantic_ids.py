@@ -9,7 +9,6 @@ facts and the sha256 of the npz), the JSON written last so a half-written artifa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from seqrec.config import TokenizerConfig
+from seqrec.data.download import sha256_file
 from seqrec.data.idmap import catalogue_difference
 from seqrec.data.schema import DataError
 from seqrec.io import atomic_write, atomic_write_text
@@ -160,7 +160,7 @@ class SemanticIds:
             "codebook_sizes": list(self.codebook_sizes),
             "item_ids": list(self.item_ids),
             "info": self.info,
-            "codes_sha256": hashlib.sha256((folder / CODES_FILE).read_bytes()).hexdigest(),
+            "codes_sha256": sha256_file(folder / CODES_FILE),
         }
         if tokenizer_sha256 is not None:
             meta["tokenizer_sha256"] = tokenizer_sha256
@@ -176,7 +176,7 @@ class SemanticIds:
             raise DataError(f"{folder} holds no semantic IDs ({META_FILE} and {CODES_FILE})")
         try:
             meta = json.loads(meta_path.read_text())
-            if hashlib.sha256(codes_path.read_bytes()).hexdigest() != meta["codes_sha256"]:
+            if sha256_file(codes_path) != meta["codes_sha256"]:
                 raise ValueError(f"{CODES_FILE} does not match its recorded sha256")
             with np.load(codes_path, allow_pickle=False) as npz:
                 codes = npz["codes"].astype(np.int64)
@@ -244,7 +244,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             recorded = json.loads(meta_path.read_text()).get("tokenizer_sha256")
         except (OSError, ValueError, AttributeError):
             recorded = None  # damaged IDs are SemanticIds.load's to report
-        if recorded is not None and hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        if recorded is not None and sha256_file(path) != recorded:
             raise DataError(
                 f"{path} is not the tokenizer of the semantic IDs beside it ({META_FILE} "
                 "records another): tokenize again"

@@ -90,7 +90,7 @@ def _resolved(
     resolved["dataset"] = {
         "name": data.name,
         "source": data.source,
-        "fingerprint": data.fingerprint(),
+        "fingerprint": data.fingerprint,
     }
     resolved["seqrec_version"] = __version__
     # As config.json will read back: tuples become lists, so a resume compares like with like.
@@ -401,7 +401,7 @@ def _data_changed(resolved: dict[str, Any], data: PreparedData) -> bool:
     """Whether ``data`` differs from what the run's config.json fingerprinted (runs from
     before fingerprints were recorded cannot tell: False)."""
     recorded = (resolved.get("dataset") or {}).get("fingerprint")
-    return recorded is not None and recorded != data.fingerprint()
+    return recorded is not None and recorded != data.fingerprint
 
 
 def _train_experiment(

@@ -9,7 +9,6 @@ fit measured); the model also holds the codes as a buffer, so a checkpoint alone
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from seqrec.config import ConfigError, TokenizerConfig
+from seqrec.data.download import sha256_file
 from seqrec.data.item_text import count_duplicates, count_missing, item_texts
 from seqrec.data.sequences import PreparedData
 from seqrec.io import atomic_write_bytes
@@ -109,11 +109,10 @@ class RunSemanticIds:
         digest = None
         if self.tokenizer is not None:
             self.tokenizer.save(target)
-            digest = hashlib.sha256(target.read_bytes()).hexdigest()
+            digest = sha256_file(target)
         elif self.loaded_from is not None and (self.loaded_from / TOKENIZER_FILE).is_file():
-            data = (self.loaded_from / TOKENIZER_FILE).read_bytes()
-            atomic_write_bytes(target, data)
-            digest = hashlib.sha256(data).hexdigest()
+            atomic_write_bytes(target, (self.loaded_from / TOKENIZER_FILE).read_bytes())
+            digest = sha256_file(target)
         self.ids.save(folder, tokenizer_sha256=digest)
 
 
