@@ -40,8 +40,6 @@ def main() -> None:
     parser.add_argument("--threads", type=at_least(1), default=None, help="torch threads")
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args()
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be at least 1 and --warmup at least 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     config = experiment_from_raw(load_raw(args.config, args.set))
